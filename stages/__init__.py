@@ -1,0 +1,1 @@
+"""Pipeline stages: VAD, ASR (the engine and its backends), turn detection, LLM and TTS."""

@@ -1,0 +1,1 @@
+"""Speech recognition: the backend interface, the streaming stage and the model backends."""

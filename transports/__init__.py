@@ -1,0 +1,1 @@
+"""Transports: how a call's audio enters and leaves (file, WebSocket, WebRTC, Twilio, SIP)."""
