@@ -1,0 +1,1 @@
+"""One module per ``voxline`` command: ``add_parser(subparsers)`` and ``main(args) -> int``."""

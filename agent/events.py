@@ -1,0 +1,67 @@
+"""Frames and trace records as JSON-ready events: what ``voxline run --json`` prints and what the
+browser and other clients receive."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.frames import (
+    SAMPLE_RATE,
+    BotStartedSpeaking,
+    BotStoppedSpeaking,
+    ErrorFrame,
+    Frame,
+    Interrupt,
+    LLMEnd,
+    LLMTextDelta,
+    SpeechStarted,
+    SpeechStopped,
+    TextToSpeak,
+    Transcript,
+    UserTurnEnded,
+)
+
+
+def frame_event(frame: Frame, t0_ns: int = 0) -> dict[str, Any] | None:
+    """The event for ``frame``, or None for frames clients don't see (audio)."""
+    t = round((frame.t_ns - t0_ns) / 1e9, 3) if t0_ns else None
+    ev: dict[str, Any]
+    if isinstance(frame, Transcript):
+        ev = {
+            "type": "transcript",
+            "final": frame.final,
+            "text": frame.text,
+            "stable": frame.stable,
+            "start_s": round(frame.start / SAMPLE_RATE, 3),
+            "end_s": round(frame.end / SAMPLE_RATE, 3),
+        }
+    elif isinstance(frame, UserTurnEnded):
+        ev = {"type": "user_turn", "text": frame.text}
+    elif isinstance(frame, LLMTextDelta):
+        ev = {"type": "agent_delta", "text": frame.text}
+    elif isinstance(frame, LLMEnd):
+        ev = {"type": "agent_text", "text": frame.text, "cancelled": frame.cancelled}
+    elif isinstance(frame, TextToSpeak):
+        ev = {"type": "agent_say", "text": frame.text, "greeting": frame.greeting}
+    elif isinstance(frame, SpeechStarted):
+        ev = {"type": "speech_started", "at_s": round(frame.at / SAMPLE_RATE, 3)}
+    elif isinstance(frame, SpeechStopped):
+        ev = {"type": "speech_stopped", "at_s": round(frame.at / SAMPLE_RATE, 3)}
+    elif isinstance(frame, Interrupt):
+        ev = {"type": "interrupt", "at_s": round(frame.at / SAMPLE_RATE, 3)}
+    elif isinstance(frame, BotStartedSpeaking):
+        ev = {"type": "bot_started"}
+    elif isinstance(frame, BotStoppedSpeaking):
+        ev = {"type": "bot_stopped", "interrupted": frame.interrupted}
+    elif isinstance(frame, ErrorFrame):
+        ev = {"type": "error", "message": frame.message, "stage": frame.stage, "fatal": frame.fatal}
+    else:
+        return None
+    if t is not None:
+        ev["t"] = t
+    return ev
+
+
+def trace_event(record: dict[str, Any]) -> dict[str, Any]:
+    """A finished turn of the trace, as clients receive it (the waterfall's data)."""
+    return {"type": "trace", **record}

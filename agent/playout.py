@@ -1,0 +1,126 @@
+"""The agent's side of a call as a transport plays it: a queue of agent audio pulled one 20 ms
+frame per tick, flushed at once on barge-in.
+
+Every transport ticks a ``Playout`` at its own pace (a sound card, RTP every 20 ms, a WebSocket
+writer). The playout tells the pipeline when the agent starts and stops speaking (upstream
+control frames) and stamps the trace's ``audio_out`` event when the first agent audio of a turn
+actually leaves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from agent.frames import (
+    FRAME_SAMPLES,
+    BotStartedSpeaking,
+    BotStoppedSpeaking,
+    Frame,
+    Interrupt,
+    TTSAudio,
+)
+from agent.trace import Trace
+
+
+class Playout:
+    """Agent audio waiting to be sent, in 16 kHz int16; ``pull`` hands out fixed-size frames.
+
+    ``max_seconds`` bounds the queue: agent audio beyond it is dropped and counted (a TTS that
+    runs far ahead of real time must not grow memory without bound).
+    """
+
+    def __init__(
+        self,
+        upstream: Callable[[Frame], None],
+        trace: Trace | None = None,
+        frame_samples: int = FRAME_SAMPLES,
+        max_seconds: float = 120.0,
+    ) -> None:
+        self._upstream = upstream
+        self.trace = trace
+        self.frame_samples = frame_samples
+        self._chunks: deque[np.ndarray] = deque()
+        self._head = 0  # read position inside _chunks[0]
+        self._queued = 0
+        self._max = int(max_seconds * 16_000)
+        self._utterance_open = False  # a TTS utterance still has chunks to come
+        self.speaking = False
+        self.dropped_samples = 0
+        self.frames_out = 0
+        self.interruptions = 0
+
+    @property
+    def queued_samples(self) -> int:
+        return self._queued
+
+    @property
+    def idle(self) -> bool:
+        return not self.speaking and self._queued == 0 and not self._utterance_open
+
+    def on_frame(self, frame: Frame) -> None:
+        """Feed the frames leaving the pipeline; returns nothing, ignores what isn't audio."""
+        if isinstance(frame, TTSAudio):
+            self.write(frame.pcm, last=frame.last)
+        elif isinstance(frame, Interrupt):
+            self.flush()
+
+    def write(self, pcm: np.ndarray, last: bool = False) -> None:
+        self._utterance_open = not last
+        n = len(pcm)
+        if n == 0:
+            return
+        room = self._max - self._queued
+        if n > room:
+            self.dropped_samples += n - max(room, 0)
+            pcm = pcm[: max(room, 0)]
+            n = len(pcm)
+            if n == 0:
+                return
+        self._chunks.append(pcm)
+        self._queued += n
+
+    def flush(self) -> None:
+        """Barge-in: drop every queued sample now; the agent stops within one frame."""
+        self._chunks.clear()
+        self._head = 0
+        self._queued = 0
+        self._utterance_open = False
+        if self.speaking:
+            self.interruptions += 1
+            self.speaking = False
+            self._upstream(BotStoppedSpeaking(interrupted=True))
+
+    def pull(self) -> np.ndarray | None:
+        """The next frame of agent audio (zero-padded at the end), or None when there is none."""
+        if self._queued == 0:
+            if self.speaking and not self._utterance_open:
+                self.speaking = False
+                self._upstream(BotStoppedSpeaking())
+            return None
+        n = self.frame_samples
+        out = np.zeros(n, dtype=np.int16)
+        filled = 0
+        while filled < n and self._chunks:
+            chunk = self._chunks[0]
+            take = min(n - filled, len(chunk) - self._head)
+            out[filled : filled + take] = chunk[self._head : self._head + take]
+            filled += take
+            self._head += take
+            if self._head >= len(chunk):
+                self._chunks.popleft()
+                self._head = 0
+        self._queued -= filled
+        if not self.speaking:
+            self.speaking = True
+            self._upstream(BotStartedSpeaking())
+        self.frames_out += 1
+        return out
+
+    def sent(self, t_ns: int | None = None) -> None:
+        """The transport has put the last pulled frame on the wire."""
+        if self.trace is not None:
+            self.trace.event("audio_out", t_ns if t_ns is not None else time.monotonic_ns())

@@ -1,0 +1,115 @@
+"""A session is one call: one pipeline, the transport that feeds it, its playout and its trace.
+
+On hang-up every stage stops, every task the session spawned is cancelled and awaited, and the
+trace is closed — ``close`` is idempotent and safe to call from any path (normal end, a client
+that vanished, an error).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from agent.frames import AudioIn, Direction, EndOfCall, Frame, TextToSpeak
+from agent.pipeline import Pipeline
+from agent.playout import Playout
+from agent.stage import StageContext
+from agent.trace import Trace
+
+log = logging.getLogger("voxline.session")
+_ids = itertools.count(1)
+
+
+class Session:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        trace: Trace | None = None,
+        session_id: str | None = None,
+        greeting: str = "",
+    ) -> None:
+        self.id = session_id or f"call-{next(_ids)}"
+        self.pipeline = pipeline
+        self.trace = trace if trace is not None else Trace(session_id=self.id)
+        self.trace.session_id = self.trace.session_id or self.id
+        self.ctx = StageContext(self.trace, self.id)
+        self.playout = Playout(self.pipeline.inject_upstream, self.trace)
+        self.greeting = greeting
+        self.offset = 0  # media samples received so far
+        self.started_ns = 0
+        self.closed = False
+        self.summary: dict[str, Any] = {}
+        self._listeners: list[Callable[[Frame], None]] = []
+        pipeline.set_output(self._on_output)
+        pipeline.set_upstream(self._on_upstream)
+
+    # --- wiring ------------------------------------------------------------------------------
+    def listen(self, fn: Callable[[Frame], None]) -> None:
+        """Call ``fn`` with every frame that leaves the pipeline (either end)."""
+        self._listeners.append(fn)
+
+    def _on_output(self, frame: Frame) -> None:
+        self.playout.on_frame(frame)
+        for fn in self._listeners:
+            fn(frame)
+
+    def _on_upstream(self, frame: Frame) -> None:
+        for fn in self._listeners:
+            fn(frame)
+
+    # --- life --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.started_ns = time.monotonic_ns()
+        await self.pipeline.start(self.ctx)
+        if self.greeting:
+            self.trace.begin_turn("greeting", call_start=self.started_ns)
+            self.pipeline.push(TextToSpeak(self.greeting, greeting=True), Direction.DOWNSTREAM)
+
+    def send_audio(self, pcm: np.ndarray, t_ns: int | None = None) -> None:
+        """Caller audio (int16 mono 16 kHz) into the pipeline, stamped with its arrival time."""
+        if self.closed:
+            return
+        frame = AudioIn(pcm, offset=self.offset, t_ns=t_ns or time.monotonic_ns())
+        self.offset += len(pcm)
+        self.pipeline.push(frame, Direction.DOWNSTREAM)
+
+    def push(self, frame: Frame) -> None:
+        if not self.closed:
+            self.pipeline.push(frame, Direction.DOWNSTREAM)
+
+    @property
+    def quiet(self) -> bool:
+        """Nobody speaks and nothing is pending: no open turn, no stage busy, no agent audio."""
+        if self.trace.current is not None or not self.playout.idle:
+            return False
+        return not any(
+            getattr(s, "busy", False) or getattr(s, "in_speech", False)
+            for s in self.pipeline.all_stages
+        )
+
+    async def close(self, reason: str = "hangup") -> dict[str, Any]:
+        if self.closed:
+            return self.summary
+        self.closed = True
+        try:
+            self.pipeline.push(EndOfCall(reason), Direction.DOWNSTREAM)
+        except Exception:  # a stage failing on hang-up must not keep resources alive
+            log.exception("session %s: EndOfCall failed", self.id)
+        try:
+            await self.pipeline.stop()
+        finally:
+            await self.ctx.cancel_all()
+            self.summary = self.trace.close()
+        return self.summary
+
+    async def __aenter__(self) -> Session:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close("error" if exc[0] else "hangup")
