@@ -85,15 +85,39 @@ class _Printer:
             print(f"   [{name} {main['ms']:.0f} ms: {parts}]{flag}", flush=True)
 
 
-async def _run(args: argparse.Namespace, cfg: Config) -> int:
-    from agent.errors import VoxlineError
+async def play_call(
+    cfg: Config, models: Any, pcm: Any, fast: bool, on_event: Any, tail_s: float = 20.0
+) -> tuple[Any, dict[str, Any], bool]:
+    """One call from a recording through a fresh session: (recording, summary, speech heard)."""
     from agent.events import frame_event, trace_event
-    from agent.presets import build_pipeline, load_models
-    from agent.runtime import freeze_after_warmup
+    from agent.presets import build_pipeline
     from agent.session import Session
     from agent.trace import Trace
-    from transports.audio_file import read_audio, write_wav
     from transports.file import FileCall
+
+    trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
+    session = Session(build_pipeline(cfg, models), trace, greeting=cfg.agent.greeting)
+    heard = False
+
+    def on_frame(frame: Any) -> None:
+        nonlocal heard
+        ev = frame_event(frame, session.started_ns)
+        if ev is not None:
+            heard = heard or ev["type"] == "speech_started"
+            on_event(ev)
+
+    session.listen(on_frame)
+    trace.listeners.append(lambda rec: on_event(trace_event(rec)))
+    async with session:
+        rec = await FileCall(pcm, fast=fast, tail_s=tail_s).run(session)
+    return rec, session.summary, heard
+
+
+async def _run(args: argparse.Namespace, cfg: Config) -> int:
+    from agent.errors import VoxlineError
+    from agent.presets import load_models
+    from agent.runtime import freeze_after_warmup
+    from transports.audio_file import read_audio, write_wav
 
     pcm = read_audio(args.input)  # bad input fails before any model loads
     if args.output and not Path(args.output).parent.exists():
@@ -107,28 +131,15 @@ async def _run(args: argparse.Namespace, cfg: Config) -> int:
               f"(asr {cfg.asr.backend}, llm {cfg.llm.backend}, tts {cfg.tts.backend}); "
               f"playing {len(pcm) / 16000:.1f} s of audio{' (fast)' if args.fast else ''}",
               flush=True)
-    trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
-    session = Session(build_pipeline(cfg, models), trace, greeting=cfg.agent.greeting)
-    speech = []
+    quiet_kinds = ("speech_started", "speech_stopped", "bot_started", "bot_stopped", "agent_delta")
 
-    def on_frame(frame: Any) -> None:
-        ev = frame_event(frame, session.started_ns)
-        if ev is None:
-            return
-        if ev["type"] == "speech_started":
-            speech.append(ev)
-        if ev["type"] in ("speech_started", "speech_stopped", "bot_started", "bot_stopped",
-                          "agent_delta") and not args.json:
-            return
-        printer.emit(ev)
+    def on_event(ev: dict[str, Any]) -> None:
+        if args.json or ev["type"] not in quiet_kinds:
+            printer.emit(ev)
 
-    session.listen(on_frame)
-    trace.listeners.append(lambda rec: printer.emit(trace_event(rec)))
-    async with session:
-        rec = await FileCall(pcm, fast=args.fast, tail_s=args.tail).run(session)
+    rec, summary, heard = await play_call(cfg, models, pcm, args.fast, on_event, args.tail)
     if args.output:
         write_wav(args.output, rec.stereo())
-    summary = session.summary
     if args.json:
         print(json.dumps({"type": "summary", **summary,
                           "fast_forwarded_s": round(rec.fast_forwarded_s, 2)}), flush=True)
@@ -136,7 +147,7 @@ async def _run(args: argparse.Namespace, cfg: Config) -> int:
         print(f"{summary['turns']} turns; budget violations: {summary['violations'] or 'none'}"
               + (f"; recording: {args.output}" if args.output else "")
               + (f"; trace: {cfg.trace.path}" if cfg.trace.path else ""))
-    if not speech:
+    if not heard:
         print(f"voxline: error: no speech detected in {args.input}", file=sys.stderr)
         return 3
     return 0
