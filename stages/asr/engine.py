@@ -1,0 +1,186 @@
+"""The streaming ASR engine: one per model per process, shared by every session.
+
+Sessions submit transcription requests for their slot's utterance audio; a dedicated worker
+thread gathers the requests of all sessions for a short window (or until the batch is full) and
+runs ONE batched backend call for them. Two guards: ``window_ms`` bounds how long the first
+request of a batch waits for company, and ``max_latency_ms`` bounds a partial's total age — a
+partial older than that is dropped (a newer one supersedes it) so an overloaded engine sheds
+stale work instead of falling further behind. Finals are never dropped. Requests are served
+oldest first, so nobody starves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stages.asr.backend import ASRBackend, Hypothesis
+from stages.asr.slots import Slot, SlotPool
+
+log = logging.getLogger("voxline.asr.engine")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    slot: Slot
+    generation: int
+    audio: np.ndarray
+    final: bool
+    enqueued_ns: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Hypothesis | None]
+
+
+@dataclass(slots=True)
+class EngineStats:
+    batches: int = 0
+    requests: int = 0
+    dropped_stale: int = 0
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    busy_s: float = 0.0
+
+    @property
+    def mean_batch(self) -> float:
+        n = sum(self.batch_sizes.values())
+        return sum(k * v for k, v in self.batch_sizes.items()) / n if n else 0.0
+
+
+class ASREngine:
+    """Cross-session micro-batching over one backend.
+
+    ``batching=False`` runs each request alone (one backend call per request) through the same
+    worker — the baseline the capacity benchmark compares against.
+    """
+
+    def __init__(
+        self,
+        backend: ASRBackend,
+        capacity: int = 64,
+        window_ms: float = 10.0,
+        max_batch: int | None = None,
+        max_latency_ms: float = 1000.0,
+        max_seconds: float = 30.0,
+        batching: bool = True,
+    ) -> None:
+        self.backend = backend
+        self.pool = SlotPool(capacity, max_seconds=max_seconds, rate=backend.sample_rate)
+        self.window_ns = int(window_ms * 1e6)
+        self.max_batch = max(1, min(max_batch or backend.max_batch, backend.max_batch))
+        if not batching:
+            self.max_batch = 1
+        self.max_latency_ns = int(max_latency_ms * 1e6)
+        self.stats = EngineStats()
+        self._queue: deque[Request] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name="asr-engine", daemon=True)
+        self._thread.start()
+
+    # --- slots -------------------------------------------------------------------------------
+    def open(self) -> Slot:
+        """Take a slot for a new stream (raises CapacityError when the pool is full)."""
+        return self.pool.acquire()
+
+    def close_slot(self, slot: Slot) -> None:
+        """Give a slot back, zeroed; its requests still queued are dropped."""
+        with self._cv:
+            kept = deque(r for r in self._queue if r.slot is not slot)
+            for r in self._queue:
+                if r.slot is slot:
+                    r.loop.call_soon_threadsafe(_resolve, r.future, None)
+            self._queue = kept
+        self.pool.release(slot)
+
+    # --- requests ----------------------------------------------------------------------------
+    def submit(self, slot: Slot, audio: np.ndarray, final: bool = False) -> asyncio.Future[Hypothesis | None]:
+        """Queue ``audio`` (float32, a copy the caller won't touch) of ``slot`` for transcription.
+
+        The future resolves to a Hypothesis, or None when the request was dropped (stale
+        partial, slot released, engine closed)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Hypothesis | None] = loop.create_future()
+        req = Request(slot, slot.generation, audio, final, time.monotonic_ns(), loop, fut)
+        slot.stats.requests += 1
+        with self._cv:
+            if self._closed:
+                fut.set_result(None)
+                return fut
+            self._queue.append(req)
+            self._cv.notify()
+        return fut
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cv.notify_all()
+        for r in pending:
+            r.loop.call_soon_threadsafe(_resolve, r.future, None)
+        self._thread.join(timeout=5)
+
+    # --- worker thread -----------------------------------------------------------------------
+    def _gather(self) -> list[Request] | None:
+        with self._cv:
+            while not self._queue and not self._closed:
+                self._cv.wait()
+            if self._closed:
+                return None
+            # wait for company: until the window after the oldest request ends or the batch is full
+            deadline = self._queue[0].enqueued_ns + self.window_ns
+            while len(self._queue) < self.max_batch and not self._closed:
+                left = deadline - time.monotonic_ns()
+                if left <= 0:
+                    break
+                self._cv.wait(left / 1e9)
+            now = time.monotonic_ns()
+            batch: list[Request] = []
+            while self._queue and len(batch) < self.max_batch:
+                r = self._queue.popleft()  # oldest first
+                if r.slot.generation != r.generation or (
+                    not r.final and now - r.enqueued_ns > self.max_latency_ns
+                ):
+                    self.stats.dropped_stale += 1
+                    r.loop.call_soon_threadsafe(_resolve, r.future, None)
+                    continue
+                batch.append(r)
+            return batch
+
+    def _work(self) -> None:
+        while True:
+            batch = self._gather()
+            if batch is None:
+                return
+            if not batch:
+                continue
+            t0 = time.perf_counter()
+            try:
+                hyps = self.backend.transcribe_batch([r.audio for r in batch])
+            except Exception as exc:  # a failing batch fails its requests, not the engine
+                log.exception("ASR backend failed on a batch of %d", len(batch))
+                for r in batch:
+                    r.loop.call_soon_threadsafe(_fail, r.future, exc)
+                continue
+            finally:
+                self.stats.busy_s += time.perf_counter() - t0
+            self.stats.batches += 1
+            self.stats.requests += len(batch)
+            self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
+            for r, h in zip(batch, hyps):
+                r.loop.call_soon_threadsafe(_resolve, r.future, h)
+
+
+def _resolve(fut: asyncio.Future, value: object) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _fail(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
