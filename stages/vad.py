@@ -1,0 +1,249 @@
+"""Voice activity detection: the Silero VAD ONNX model run on onnxruntime + numpy (no torch), and
+the stage that turns its per-window probabilities into SpeechStarted/Paused/Stopped frames."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.config import VADConfig
+from agent.errors import MissingExtraError, ModelNotFoundError, require
+from agent.frames import (
+    SAMPLE_RATE,
+    AudioIn,
+    Direction,
+    EndOfCall,
+    Frame,
+    SpeechPaused,
+    SpeechStarted,
+    SpeechStopped,
+)
+from agent.stage import DOWN, Stage
+
+WINDOW = 512  # samples per model call at 16 kHz (32 ms): the only size Silero v5+ accepts
+CONTEXT = 64  # trailing samples of the previous window the model sees before each window
+_INT16_SCALE = np.float32(1.0 / 32768.0)
+
+
+def silero_model_path() -> Path:
+    """The ``silero_vad.onnx`` shipped by the ``silero-vad`` pip package.
+
+    Located with ``find_spec`` so the package's ``__init__`` (which imports torch) never runs.
+    """
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtraError("Silero VAD", "embedded", "silero-vad")
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / "data" / "silero_vad.onnx"
+        if path.is_file():
+            return path
+    raise ModelNotFoundError(
+        f"silero_vad.onnx not found in the silero-vad package at "
+        f"{', '.join(spec.submodule_search_locations)} — reinstall it with "
+        f"`pip install --force-reinstall silero-vad` or `pip install 'voxline[embedded]'`"
+    )
+
+
+class SileroModel:
+    """One stream's Silero VAD: 512-sample float32 windows in, speech probabilities out.
+
+    The recurrent state (2, 1, 128) and the 64-sample context belong to one audio stream; call
+    :meth:`reset` between streams. Not thread-safe; one instance per stream.
+    """
+
+    def __init__(self, cfg: VADConfig, path: str | Path | None = None) -> None:
+        ort = require("onnxruntime", what="Silero VAD", extra="embedded")
+        model_path = Path(path) if path else silero_model_path()
+        if not model_path.is_file():
+            raise ModelNotFoundError(f"Silero VAD model file not found: {model_path}")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = max(1, cfg.threads)
+        opts.inter_op_num_threads = 1
+        # Many small calls: spinning worker threads would burn a core between windows.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.path = model_path
+        self._session: Any = ort.InferenceSession(
+            str(model_path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        # The input buffer holds [context | window]; preallocated so a call allocates nothing
+        # beyond what onnxruntime returns.
+        self._input = np.zeros((1, CONTEXT + WINDOW), dtype=np.float32)
+        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+        self._feeds = {"input": self._input, "state": self._state, "sr": self._sr}
+
+    def reset(self) -> None:
+        """Forget the stream: zero the recurrent state and the context."""
+        self._input.fill(0.0)
+        self._state.fill(0.0)
+
+    def prob(self, window: np.ndarray) -> float:
+        """Speech probability of one 512-sample float32 window (values in [-1, 1])."""
+        if window.shape != (WINDOW,):
+            raise ValueError(f"Silero VAD takes {WINDOW}-sample windows, got shape {window.shape}")
+        self._input[0, CONTEXT:] = window
+        out, state = self._session.run(None, self._feeds)
+        self._state[...] = state
+        self._input[0, :CONTEXT] = self._input[0, -CONTEXT:]
+        return float(out[0, 0])
+
+
+class VADStage(Stage):
+    """Silero VAD with start/stop hysteresis over the caller's audio.
+
+    Every ``AudioIn`` is forwarded at once and unchanged; the events it triggers follow it.
+    Speech starts after ``start_ms`` of windows at or above ``threshold`` (``SpeechStarted.at`` is
+    the first of them). In speech, the first window below ``neg_threshold`` sends
+    ``SpeechPaused``; if no window reaches ``threshold`` again within ``stop_ms``, ``SpeechStopped``
+    follows with ``at`` where the speech ended. A window costs about 0.2 ms, so the model runs
+    inline. ``model`` lets callers share a loaded model's session setup in tests; it is reset.
+    """
+
+    name = "vad"
+
+    def __init__(self, cfg: VADConfig, model: SileroModel | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = model if model is not None else SileroModel(cfg)
+        self.model.reset()
+        self._start_windows = max(1, -(-cfg.start_ms * SAMPLE_RATE // (1000 * WINDOW)))
+        self._stop_samples = cfg.stop_ms * SAMPLE_RATE // 1000
+        self._window = np.zeros(WINDOW, dtype=np.float32)
+        self._fill = 0
+        self._next = 0  # media sample expected next; the window buffer ends there
+        self.windows = 0
+        self.speech_windows = 0  # windows at or above ``threshold``
+        self.rejected = 0  # AudioIn frames not analysed (bad rate, dtype or shape)
+        self.last_prob = 0.0
+        self._reported: set[str] = set()
+        self._reset_speech()
+
+    def _reset_speech(self) -> None:
+        self.in_speech = False
+        self._run = 0  # consecutive windows >= threshold while not in speech
+        self._run_start = 0
+        self._started_at = 0
+        self._paused_at: int | None = None
+        self._speech_end = 0  # end of the last window counted as speech
+        self._speech_end_ns = 0
+
+    # --- frames ----------------------------------------------------------------------------
+    def process(self, frame: Frame, direction: Direction) -> None:
+        if direction is DOWN:
+            if isinstance(frame, AudioIn):
+                self.push(frame, DOWN)
+                pcm = self._as_int16_or_float(frame)
+                if pcm is not None:
+                    self._consume(pcm, frame.offset, frame.t_ns)
+                return
+            if isinstance(frame, EndOfCall):
+                if self.in_speech:
+                    self._stop(self._paused_at if self._paused_at is not None else self._speech_end)
+                self._reset_speech()
+                self.model.reset()
+                self._fill = 0
+        self.push(frame, direction)
+
+    def _as_int16_or_float(self, frame: AudioIn) -> np.ndarray | None:
+        """The frame's samples as int16 or float32 mono, or None (after an ErrorFrame)."""
+        pcm = frame.pcm
+        if frame.sample_rate != SAMPLE_RATE:
+            return self._reject(
+                f"rate:{frame.sample_rate}",
+                f"VAD got {frame.sample_rate} Hz audio; the pipeline carries {SAMPLE_RATE} Hz — "
+                f"resample in the transport",
+            )
+        if not isinstance(pcm, np.ndarray):
+            return self._reject("type", f"VAD got AudioIn.pcm of type {type(pcm).__name__}; "
+                                        f"expected an int16 numpy array")
+        if pcm.ndim != 1:
+            if pcm.ndim == 2 and 1 in pcm.shape:
+                pcm = pcm.reshape(-1)
+            else:
+                return self._reject("shape", f"VAD got audio of shape {pcm.shape}; expected mono")
+        if pcm.dtype == np.int16 or pcm.dtype == np.float32:
+            return pcm
+        if pcm.dtype.kind == "f":
+            return pcm.astype(np.float32)
+        return self._reject(
+            f"dtype:{pcm.dtype}",
+            f"VAD got {pcm.dtype} audio; expected int16 PCM (or float in [-1, 1])",
+        )
+
+    def _reject(self, kind: str, message: str) -> None:
+        self.rejected += 1
+        # One error per kind of problem: a bad stream would otherwise send 50 errors a second.
+        if kind not in self._reported:
+            self._reported.add(kind)
+            self.push_error(message)
+        return None
+
+    def _consume(self, pcm: np.ndarray, offset: int, t_ns: int) -> None:
+        if offset != self._next:
+            # A gap or overlap in the media timeline: a window must not straddle it.
+            self._fill = 0
+            self._next = offset
+        is_int = pcm.dtype == np.int16
+        i, n = 0, len(pcm)
+        while i < n:
+            take = min(WINDOW - self._fill, n - i)
+            dst = self._window[self._fill : self._fill + take]
+            if is_int:
+                np.multiply(pcm[i : i + take], _INT16_SCALE, out=dst)
+            else:
+                np.clip(pcm[i : i + take], -1.0, 1.0, out=dst)
+                np.nan_to_num(dst, copy=False, nan=0.0)
+            self._fill += take
+            i += take
+            if self._fill == WINDOW:
+                self._fill = 0
+                end = offset + i
+                self._on_window(self.model.prob(self._window), end - WINDOW, end, t_ns)
+        self._next = offset + n
+
+    def _on_window(self, p: float, start: int, end: int, t_ns: int) -> None:
+        cfg = self.cfg
+        self.windows += 1
+        self.last_prob = p
+        speech = p >= cfg.threshold
+        if speech:
+            self.speech_windows += 1
+        if not self.in_speech:
+            if not speech:
+                self._run = 0
+                return
+            if self._run == 0:
+                self._run_start = start
+            self._run += 1
+            if self._run >= self._start_windows:
+                self.in_speech = True
+                self._run = 0
+                self._started_at = self._run_start
+                self._speech_end, self._speech_end_ns = end, t_ns
+                self.push(SpeechStarted(self._started_at), DOWN)
+            return
+        if self._paused_at is None:
+            if p < cfg.neg_threshold:
+                self._paused_at = start
+                self.push(SpeechPaused(start), DOWN)
+                self._maybe_stop(end)
+            else:
+                self._speech_end, self._speech_end_ns = end, t_ns
+        elif speech:
+            self._paused_at = None
+            self._speech_end, self._speech_end_ns = end, t_ns
+        else:
+            self._maybe_stop(end)
+
+    def _maybe_stop(self, end: int) -> None:
+        assert self._paused_at is not None
+        if end - self._paused_at >= self._stop_samples:
+            self._stop(self._paused_at)
+            self._reset_speech()
+
+    def _stop(self, at: int) -> None:
+        self.push(SpeechStopped(at, started_at=self._started_at,
+                                speech_end_ns=self._speech_end_ns), DOWN)

@@ -1,0 +1,394 @@
+"""Tests for stages/turn.py: endpointing, multi-segment turns, barge-in and the trace calls.
+
+The VAD and the ASR are played by hand at the frame level, with a media clock that advances
+320 samples per AudioIn and a fake arrival clock, so every decision point is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from agent.config import TurnConfig
+from agent.frames import (
+    AudioIn,
+    BotStartedSpeaking,
+    BotStoppedSpeaking,
+    Direction,
+    EndOfCall,
+    ErrorFrame,
+    Frame,
+    Interrupt,
+    LLMTextDelta,
+    SpeechPaused,
+    SpeechStarted,
+    SpeechStopped,
+    Transcript,
+    UserTurnEnded,
+)
+from agent.pipeline import Pipeline
+from agent.stage import StageContext
+from agent.trace import Trace
+from stages.turn import VAD_VERDICT_LAG, TurnDetector
+
+SR = 16_000
+FRAME = 320
+MS = SR // 1000
+VAD_START_MS = 60
+VAD_STOP_MS = 300
+DOWN = Direction.DOWNSTREAM
+
+
+class Call:
+    """A TurnDetector in a pipeline, with a hand-played VAD and ASR in front of it."""
+
+    def __init__(self, cfg: TurnConfig | None = None, trace: Trace | None = None) -> None:
+        self.cfg = cfg or TurnConfig()
+        self.turn = TurnDetector(self.cfg)
+        self.out: list[Frame] = []
+        self.up: list[Frame] = []
+        self.pipe = Pipeline([self.turn], on_output=self.out.append, on_upstream=self.up.append)
+        asyncio.run(self.pipe.start(StageContext(trace=trace)))
+        self.pos = 0  # media samples sent so far
+        self.clock = 1_000_000_000  # fake monotonic ns of the next frame
+        self.audio_frames: list[AudioIn] = []
+
+    def tick(self) -> int:
+        self.clock += 20_000_000
+        return self.clock
+
+    def send(self, frame: Frame) -> Frame:
+        self.pipe.push(frame, DOWN)
+        return frame
+
+    def audio(self, ms: int) -> None:
+        assert ms % 20 == 0, "whole 20 ms frames only"
+        for _ in range(ms * MS // FRAME):
+            frame = AudioIn(np.zeros(FRAME, dtype=np.int16), offset=self.pos, t_ns=self.tick())
+            self.pos = frame.end
+            self.audio_frames.append(frame)
+            self.send(frame)
+
+    def speech_start(self) -> int:
+        """Speech begins now; the VAD says so once it has heard VAD_START_MS of it."""
+        at = self.pos
+        self.audio(VAD_START_MS)
+        self.send(SpeechStarted(at, t_ns=self.tick()))
+        return at
+
+    def speech_stop(self, started_at: int) -> SpeechStopped:
+        """Speech ended now; the VAD pauses at once and stops after VAD_STOP_MS of silence."""
+        end = self.pos
+        held = self.audio_frames[-1].t_ns
+        self.audio(40)
+        self.send(SpeechPaused(end, t_ns=self.tick()))
+        self.audio(VAD_STOP_MS - 40)
+        return self.send(SpeechStopped(end, started_at=started_at, speech_end_ns=held,
+                                       t_ns=self.tick()))  # type: ignore[return-value]
+
+    def say(self, ms: int) -> SpeechStopped:
+        at = self.speech_start()
+        self.audio(ms - VAD_START_MS)
+        return self.speech_stop(at)
+
+    def final(self, text: str, start: int, end: int) -> Transcript:
+        return self.send(Transcript(text, final=True, start=start, end=end, t_ns=self.tick()))  # type: ignore[return-value]
+
+    def bot(self, frame: Frame) -> None:
+        self.pipe.inject_upstream(frame)
+
+    def ends(self) -> list[str]:
+        return [f.text for f in self.out if isinstance(f, UserTurnEnded)]
+
+
+# --- endpointing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("silence_ms", [0, 300, 800, 1500])
+def test_the_turn_ends_once_the_final_is_in_and_the_silence_has_passed(silence_ms: int) -> None:
+    call = Call(TurnConfig(silence_ms=silence_ms))
+    stop = call.say(900)
+    final = call.final("book a table for two", stop.started_at, stop.at)
+    call.audio(2000)
+    assert call.ends() == ["book a table for two"]
+    i = next(i for i, f in enumerate(call.out) if isinstance(f, UserTurnEnded))
+    if silence_ms <= VAD_STOP_MS:
+        assert call.out[i - 1] is final  # SpeechStopped already implied enough silence
+    else:
+        before = call.out[i - 1]
+        assert isinstance(before, AudioIn)
+        # Exactly when silence_ms of audio had passed since the end of speech, not a frame later.
+        assert before.end - stop.at >= silence_ms * MS > before.end - FRAME - stop.at
+    assert call.turn.turns == 1
+
+
+def test_no_final_no_turn_however_long_the_silence() -> None:
+    call = Call(TurnConfig(silence_ms=500))
+    stop = call.say(700)
+    call.audio(3000)
+    assert call.ends() == []
+    final = call.final("hello", stop.started_at, stop.at)
+    assert call.ends() == ["hello"] and call.out[-2] is final
+
+
+def test_speech_that_resumes_within_the_silence_joins_the_turn() -> None:
+    call = Call(TurnConfig(silence_ms=1000))
+    first = call.say(800)
+    call.final("I would like", first.started_at, first.at)
+    call.audio(400)  # 700 ms of silence in all: not yet a turn
+    assert call.ends() == []
+    second = call.say(900)
+    call.final("a table for two", second.started_at, second.at)
+    call.audio(600)
+    assert call.ends() == []
+    call.audio(200)
+    assert call.ends() == ["I would like a table for two"]
+    call.audio(2000)
+    assert call.turn.turns == 1
+
+
+def test_a_late_final_for_the_first_segment_does_not_end_the_turn_early() -> None:
+    call = Call(TurnConfig(silence_ms=300))
+    first = call.say(800)
+    call.audio(100)
+    at = call.speech_start()  # the caller goes on before the ASR is done with the first part
+    call.final("first part", first.started_at, first.at)
+    call.audio(600)
+    second = call.speech_stop(at)
+    call.audio(500)
+    assert call.ends() == []  # the second segment has no final yet
+    call.final("second part", second.started_at, second.at)
+    assert call.ends() == ["first part second part"]
+
+
+def test_a_final_before_the_stop_counts_when_it_covers_the_end_of_speech() -> None:
+    # An ASR that transcribes on SpeechPaused delivers the final before SpeechStopped.
+    call = Call(TurnConfig(silence_ms=300))
+    at = call.speech_start()
+    call.audio(800)
+    end = call.pos
+    call.audio(40)
+    call.send(SpeechPaused(end))
+    call.final("early bird", at, end)
+    call.audio(VAD_STOP_MS - 40)
+    assert call.ends() == []
+    stop = call.send(SpeechStopped(end, started_at=at))
+    assert call.ends() == ["early bird"] and call.out[-1] == UserTurnEnded("early bird", t_ns=call.out[-1].t_ns)
+    assert call.out.index(stop) == len(call.out) - 2
+
+
+def test_a_commit_in_the_middle_of_speech_does_not_end_the_turn() -> None:
+    call = Call(TurnConfig(silence_ms=300))
+    at = call.speech_start()
+    call.audio(2000)
+    call.final("a long story", at, call.pos)  # the ASR committed part of a long utterance
+    call.audio(1000)
+    stop = call.speech_stop(at)
+    call.audio(1000)
+    assert call.ends() == []
+    call.final("with an ending", stop.started_at + 2000 * MS, stop.at)
+    assert call.ends() == ["a long story with an ending"]
+
+
+def test_empty_finals_end_nothing() -> None:
+    trace = Trace()
+    call = Call(TurnConfig(silence_ms=300), trace=trace)
+    cough = call.say(300)
+    call.final("  ", cough.started_at, cough.at)
+    call.audio(1000)
+    assert call.ends() == [] and trace.current is None and call.turn.turns == 0
+    words = call.say(600)
+    call.final("", words.started_at, words.at)
+    call.audio(100)
+    more = call.say(600)
+    call.final("yes please", more.started_at, more.at)
+    assert call.ends() == ["yes please"]
+
+
+def test_a_final_after_the_turn_ended_is_late_not_a_new_turn() -> None:
+    call = Call(TurnConfig(silence_ms=300))
+    stop = call.say(700)
+    call.final("hello", stop.started_at, stop.at)
+    call.final("hello again", stop.started_at, stop.at + 100)
+    call.audio(1000)
+    nxt = call.say(500)
+    call.final("bye", nxt.started_at, nxt.at)
+    assert call.ends() == ["hello", "bye"]
+    assert call.turn.late_finals == 1
+
+
+def test_transcripts_are_forwarded() -> None:
+    call = Call()
+    partial = call.send(Transcript("hel", final=False))
+    final = call.send(Transcript("hello", final=True))
+    assert partial in call.out and final in call.out
+
+
+# --- trace -----------------------------------------------------------------------------------------
+
+
+def test_a_turn_opens_a_trace_turn_with_the_vad_and_asr_times() -> None:
+    trace = Trace()
+    call = Call(TurnConfig(silence_ms=300), trace=trace)
+    stop = call.say(800)
+    final = call.final("what time is it", stop.started_at, stop.at)
+    turn = trace.current
+    assert turn is not None and turn.text == "what time is it"
+    assert turn.events == {
+        "speech_end": stop.speech_end_ns,
+        "vad_decision": stop.t_ns,
+        "asr_final": final.t_ns,
+    }
+    assert stop.speech_end_ns == next(a.t_ns for a in call.audio_frames if a.end == stop.at)
+    trace.event("audio_out", stop.speech_end_ns + 900_000_000)
+    (record,) = trace.turns
+    assert record["complete"] and record["text"] == "what time is it"
+    assert record["spans"]["voice_to_voice"]["ms"] == 900.0
+
+
+# --- barge-in ----------------------------------------------------------------------------------------
+
+
+def bot_speaking(call: Call) -> None:
+    call.bot(BotStartedSpeaking())
+    call.audio(200)
+
+
+def test_bot_frames_go_upstream_and_are_tracked() -> None:
+    call = Call()
+    call.bot(BotStartedSpeaking())
+    assert call.turn.bot_speaking and isinstance(call.up[-1], BotStartedSpeaking)
+    call.bot(BotStoppedSpeaking())
+    assert not call.turn.bot_speaking and isinstance(call.up[-1], BotStoppedSpeaking)
+
+
+def test_a_short_blip_over_the_agent_neither_interrupts_nor_becomes_a_turn() -> None:
+    call = Call(TurnConfig(barge_in_min_speech_ms=160))
+    bot_speaking(call)
+    blip = call.say(140)  # 140 ms < 160 ms
+    call.final("mm-hmm", blip.started_at, blip.at)
+    call.audio(1000)
+    assert not any(isinstance(f, Interrupt) for f in call.out)
+    assert call.ends() == [] and call.turn.interrupts == 0 and call.turn.backchannels == 1
+
+
+@pytest.mark.parametrize("min_ms", [100, 160, 400])
+def test_speech_over_the_agent_interrupts_after_the_minimum(min_ms: int) -> None:
+    trace = Trace()
+    call = Call(TurnConfig(barge_in_min_speech_ms=min_ms), trace=trace)
+    trace.begin_turn(speech_end=1)  # the agent's reply to the previous turn is in flight
+    bot_speaking(call)
+    at = call.speech_start()
+    call.audio(700)
+    stop = call.speech_stop(at)
+    interrupts = [f for f in call.out if isinstance(f, Interrupt)]
+    assert len(interrupts) == 1 and interrupts[0].at == at and call.turn.interrupts == 1
+    i = call.out.index(interrupts[0])
+    trigger = call.out[i - 1]
+    assert isinstance(trigger, AudioIn)
+    # Sent right after the frame that completed min_ms of speech (as far as the VAD has judged
+    # it), before any later frame.
+    heard = trigger.end - VAD_VERDICT_LAG - at
+    assert heard >= min_ms * MS > heard - FRAME
+    assert isinstance(call.out[i + 1], AudioIn) and call.out[i + 1].offset == trigger.end
+    assert trace.turns[-1]["complete"] is False and trace.current is None
+    # The caller's speech is the next turn.
+    call.final("stop, wait", stop.started_at, stop.at)
+    assert call.ends() == ["stop, wait"]
+
+
+def test_a_blip_below_the_minimum_then_real_speech() -> None:
+    call = Call(TurnConfig(barge_in_min_speech_ms=300))
+    bot_speaking(call)
+    call.say(240)
+    call.audio(500)
+    assert call.turn.interrupts == 0
+    at = call.speech_start()
+    call.audio(400)
+    assert call.turn.interrupts == 1
+    call.speech_stop(at)
+    call.bot(BotStoppedSpeaking(interrupted=True))
+    assert call.turn.interrupts == 1
+
+
+def test_barge_in_off_never_interrupts_and_the_speech_is_a_turn() -> None:
+    call = Call(TurnConfig(barge_in=False))
+    bot_speaking(call)
+    stop = call.say(1500)
+    call.final("are you still there", stop.started_at, stop.at)
+    assert not any(isinstance(f, Interrupt) for f in call.out)
+    assert call.ends() == ["are you still there"]
+
+
+def test_speech_after_the_agent_stopped_does_not_interrupt() -> None:
+    call = Call()
+    bot_speaking(call)
+    call.bot(BotStoppedSpeaking())
+    stop = call.say(1000)
+    call.final("thanks", stop.started_at, stop.at)
+    assert call.turn.interrupts == 0 and call.ends() == ["thanks"]
+
+
+def test_speech_already_under_way_counts_from_when_the_agent_starts() -> None:
+    call = Call(TurnConfig(barge_in_min_speech_ms=160))
+    at = call.speech_start()
+    call.audio(500)
+    call.bot(BotStartedSpeaking())
+    started = call.pos
+    call.audio(180)  # 160 ms plus the VAD's verdict lag of 32 ms is not reached yet
+    assert call.turn.interrupts == 0
+    call.audio(20)
+    (interrupt,) = [f for f in call.out if isinstance(f, Interrupt)]
+    assert interrupt.at == started
+    call.speech_stop(at)
+
+
+def test_an_agent_that_stops_mid_blip_makes_the_speech_a_turn() -> None:
+    call = Call(TurnConfig(barge_in_min_speech_ms=400))
+    bot_speaking(call)
+    at = call.speech_start()
+    call.audio(100)
+    call.bot(BotStoppedSpeaking())
+    call.audio(500)
+    stop = call.speech_stop(at)
+    call.final("so anyway", stop.started_at, stop.at)
+    assert call.turn.interrupts == 0 and call.ends() == ["so anyway"]
+
+
+# --- everything else ------------------------------------------------------------------------------
+
+
+def test_other_frames_pass_through_both_ways() -> None:
+    call = Call()
+    delta, err = LLMTextDelta("hi"), ErrorFrame("boom")
+    call.send(delta)
+    call.bot(err)
+    call.bot(Interrupt(5))
+    assert call.out == [delta]
+    assert call.up[:1] == [err] and isinstance(call.up[1], Interrupt)
+
+
+def test_end_of_call_drops_the_unfinished_turn() -> None:
+    call = Call(TurnConfig(silence_ms=2000))
+    stop = call.say(600)
+    call.final("half a thought", stop.started_at, stop.at)
+    eoc = call.send(EndOfCall())
+    assert call.out[-1] is eoc
+    call.audio(3000)
+    assert call.ends() == []
+
+
+def test_speech_that_resumes_after_a_pause_over_the_agent_still_interrupts() -> None:
+    call = Call(TurnConfig(barge_in_min_speech_ms=160))
+    bot_speaking(call)
+    at = call.speech_start()
+    call.audio(40)  # 100 ms of speech, then the VAD pauses ...
+    call.audio(40)
+    call.send(SpeechPaused(at + 100 * MS))
+    call.audio(300)  # ... and the caller resumes without a SpeechStopped: the VAD took it back
+    assert call.turn.interrupts == 0
+    call.audio(200)
+    (interrupt,) = [f for f in call.out if isinstance(f, Interrupt)]
+    assert interrupt.at == at and call.turn.interrupts == 1

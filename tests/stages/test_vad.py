@@ -1,0 +1,293 @@
+"""Tests for stages/vad.py: the torch-free Silero model and the VAD stage on real speech."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.config import VADConfig
+from agent.errors import MissingExtraError, ModelNotFoundError
+from agent.frames import (
+    AudioIn,
+    Direction,
+    EndOfCall,
+    ErrorFrame,
+    Frame,
+    SpeechPaused,
+    SpeechStarted,
+    SpeechStopped,
+)
+from agent.pipeline import Pipeline
+from stages.vad import WINDOW, SileroModel, VADStage
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SR = 16_000
+TOLERANCE = int(0.25 * SR)  # segment boundaries must match the reference within 250 ms
+
+# Speech inside each clip, in seconds: the first and last 10 ms frame whose RMS is within 35 dB
+# of the clip's loudest frame (an energy reference that owes nothing to Silero).
+CLIPS = {
+    "ls-test-clean-4507-16021-0012": (0.58, 2.54),
+    "ls-dev-clean-1988-24833-0000": (0.48, 3.06),
+    "ls-dev-clean-1272-128104-0000": (0.55, 5.41),
+}
+
+
+def read_clip(name: str) -> np.ndarray:
+    with wave.open(str(DATA / f"{name}.wav")) as w:
+        assert w.getframerate() == SR and w.getnchannels() == 1 and w.getsampwidth() == 2
+        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+
+
+def padded(name: str) -> np.ndarray:
+    """A clip with 0.5 s of silence after it: its own tail is shorter than the VAD's stop_ms."""
+    return np.concatenate([read_clip(name), np.zeros(SR // 2, dtype=np.int16)])
+
+
+def noise(seconds: float, dbfs: float, seed: int = 0, brown: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(int(seconds * SR))
+    if brown:  # integrated noise, high-passed so it stays centred: a rumble, not a hiss
+        x = np.cumsum(x)
+        x -= np.convolve(x, np.ones(400) / 400, mode="same")
+    x *= 10 ** (dbfs / 20) * 32768 / np.sqrt(np.mean(x**2))
+    return np.clip(x, -32768, 32767).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def model() -> SileroModel:
+    return SileroModel(VADConfig())
+
+
+@pytest.fixture(scope="module")
+def three_clips() -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Three utterances with 1 s of low noise (-60 dBFS) between them, and where speech is."""
+    parts: list[np.ndarray] = []
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for i, (name, (start, end)) in enumerate(CLIPS.items()):
+        if i:
+            gap = noise(1.0, -60.0, seed=i)
+            parts.append(gap)
+            pos += len(gap)
+        clip = read_clip(name)
+        spans.append((pos + int(start * SR), pos + int(end * SR)))
+        parts.append(clip)
+        pos += len(clip)
+    return np.concatenate(parts), spans
+
+
+def run(stage: VADStage, pcm: np.ndarray, frame: int = 320, end_call: bool = False) -> list[Frame]:
+    """Feed ``pcm`` through a one-stage pipeline in ``frame``-sample AudioIn frames; each frame's
+    ``t_ns`` is its index, so tests can tell which frame an event came from."""
+    out: list[Frame] = []
+    pipe = Pipeline([stage], on_output=out.append)
+    for n, i in enumerate(range(0, len(pcm), frame)):
+        pipe.push(AudioIn(pcm[i : i + frame], offset=i, t_ns=n + 1), Direction.DOWNSTREAM)
+    if end_call:
+        pipe.push(EndOfCall(), Direction.DOWNSTREAM)
+    return out
+
+
+def segments(frames: list[Frame]) -> list[tuple[int, int]]:
+    starts = [f.at for f in frames if isinstance(f, SpeechStarted)]
+    stops = [f for f in frames if isinstance(f, SpeechStopped)]
+    assert len(starts) == len(stops)
+    assert [s.started_at for s in stops] == starts
+    return [(s.started_at, s.at) for s in stops]
+
+
+def assert_matches(found: list[tuple[int, int]], expected: list[tuple[int, int]]) -> None:
+    assert len(found) == len(expected), (found, expected)
+    for (fs, fe), (es, ee) in zip(found, expected):
+        assert abs(fs - es) <= TOLERANCE, f"start {fs / SR:.3f}s vs reference {es / SR:.3f}s"
+        assert abs(fe - ee) <= TOLERANCE, f"end {fe / SR:.3f}s vs reference {ee / SR:.3f}s"
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+def test_model_scores_speech_high_and_silence_low(model: SileroModel) -> None:
+    clip = read_clip("ls-dev-clean-1988-24833-0000").astype(np.float32) / 32768
+    model.reset()
+    probs = np.array([model.prob(clip[i : i + WINDOW]) for i in range(0, len(clip) - WINDOW, WINDOW)])
+    t = (np.arange(len(probs)) * WINDOW + WINDOW / 2) / SR
+    assert probs[(t > 1.0) & (t < 2.5)].mean() > 0.8
+    assert probs[t < 0.3].max() < 0.2
+    model.reset()
+    assert model.prob(np.zeros(WINDOW, dtype=np.float32)) < 0.1
+
+
+def test_model_reset_makes_results_repeatable(model: SileroModel) -> None:
+    clip = read_clip("ls-test-clean-4507-16021-0012")[SR : SR + 8 * WINDOW].astype(np.float32) / 32768
+    windows = clip.reshape(-1, WINDOW)
+    model.reset()
+    first = [model.prob(w) for w in windows]
+    model.reset()
+    second = [model.prob(w) for w in windows]
+    assert first == second
+    # The state carries over between windows: the last window alone scores differently.
+    model.reset()
+    assert model.prob(windows[-1]) != first[-1]
+
+
+def test_model_rejects_a_wrong_window_size(model: SileroModel) -> None:
+    with pytest.raises(ValueError, match="512"):
+        model.prob(np.zeros(320, dtype=np.float32))
+
+
+def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "silero_vad" else real(name, *a)
+    )
+    with pytest.raises(MissingExtraError, match=r"voxline\[embedded\]") as err:
+        SileroModel(VADConfig())
+    assert err.value.extra == "embedded"
+
+
+def test_missing_onnxruntime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
+    with pytest.raises(MissingExtraError, match="embedded"):
+        SileroModel(VADConfig())
+
+
+def test_missing_model_file_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        SileroModel(VADConfig(), path=tmp_path / "nope.onnx")
+
+
+# --- the stage on real speech --------------------------------------------------------------------
+
+
+def test_one_utterance_gives_one_segment(model: SileroModel) -> None:
+    stage = VADStage(VADConfig(), model=model)
+    pcm = padded("ls-dev-clean-1988-24833-0000")
+    out = run(stage, pcm)
+    start, end = CLIPS["ls-dev-clean-1988-24833-0000"]
+    assert_matches(segments(out), [(int(start * SR), int(end * SR))])
+    assert not stage.in_speech
+    assert stage.windows == len(pcm) // WINDOW
+    assert 0.6 * stage.windows < stage.speech_windows < stage.windows
+
+
+def test_three_utterances_with_gaps_match_the_reference(model: SileroModel, three_clips) -> None:
+    pcm, spans = three_clips
+    out = run(VADStage(VADConfig(), model=model), pcm)
+    assert_matches(segments(out), spans)
+
+
+def test_a_long_stop_time_bridges_the_gaps(model: SileroModel, three_clips) -> None:
+    pcm, spans = three_clips
+    # The gaps between speech are about 1.7 s; 2 s of required silence joins all three.
+    out = run(VADStage(VADConfig(stop_ms=2000), model=model), pcm, end_call=True)
+    assert_matches(segments(out), [(spans[0][0], spans[-1][1])])
+    assert sum(isinstance(f, SpeechPaused) for f in out) >= 3  # every gap paused, none stopped
+
+
+def test_frame_size_does_not_change_the_segments(model: SileroModel, three_clips) -> None:
+    pcm, _ = three_clips
+    reference = segments(run(VADStage(VADConfig(), model=model), pcm, frame=320))
+    for size in (160, 512, 777, 4000):
+        assert segments(run(VADStage(VADConfig(), model=model), pcm, frame=size)) == reference
+
+
+def test_audio_is_forwarded_first_and_events_right_after_their_trigger(
+    model: SileroModel, three_clips
+) -> None:
+    pcm, _ = three_clips
+    cfg = VADConfig()
+    out = run(VADStage(cfg, model=model), pcm)
+    audio = [f for f in out if isinstance(f, AudioIn)]
+    assert [a.offset for a in audio] == list(range(0, len(pcm), 320))  # all, in order
+    assert isinstance(out[0], AudioIn)
+    start_need = -(-cfg.start_ms * SR // (1000 * WINDOW)) * WINDOW
+    stop_need = cfg.stop_ms * SR // 1000
+    last_audio: AudioIn | None = None
+    paused_at: int | None = None
+    for f in out:
+        if isinstance(f, AudioIn):
+            last_audio = f
+            continue
+        assert last_audio is not None
+        if isinstance(f, SpeechStarted):
+            # Sent after the frame that completed start_ms of speech, and not a frame later.
+            assert f.at + start_need <= last_audio.end < f.at + start_need + WINDOW + 320
+            assert paused_at is None
+        elif isinstance(f, SpeechPaused):
+            assert last_audio.end >= f.at + WINDOW
+            paused_at = f.at
+        elif isinstance(f, SpeechStopped):
+            assert paused_at == f.at  # the pause came first, at the same sample
+            paused_at = None
+            assert f.at + stop_need <= last_audio.end < f.at + stop_need + WINDOW + 320
+            # speech_end_ns is the arrival time of the frame that held the last speech sample.
+            holder = next(a for a in audio if a.offset < f.at <= a.end)
+            assert f.speech_end_ns == holder.t_ns
+
+
+def test_silence_and_low_noise_are_not_speech(model: SileroModel) -> None:
+    for pcm in (
+        np.zeros(3 * SR, dtype=np.int16),
+        noise(3.0, -60.0, seed=1),
+        noise(3.0, -40.0, seed=2),
+        noise(3.0, -40.0, seed=3, brown=True),
+    ):
+        stage = VADStage(VADConfig(), model=model)
+        out = run(stage, pcm)
+        assert all(isinstance(f, AudioIn) for f in out)
+        assert stage.speech_windows == 0 and stage.windows == len(pcm) // WINDOW
+
+
+def test_end_of_call_in_speech_flushes_a_stop(model: SileroModel) -> None:
+    stage = VADStage(VADConfig(), model=model)
+    pcm = read_clip("ls-dev-clean-1988-24833-0000")[: 2 * SR]  # cut mid-sentence
+    out = run(stage, pcm, end_call=True)
+    assert isinstance(out[-1], EndOfCall) and isinstance(out[-2], SpeechStopped)
+    (start, end), = segments(out)
+    assert abs(start - int(0.48 * SR)) <= TOLERANCE
+    assert 2 * SR - WINDOW - 320 <= end <= 2 * SR
+    assert not stage.in_speech
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def test_float_audio_is_converted(model: SileroModel) -> None:
+    clip = padded("ls-dev-clean-1988-24833-0000")
+    as_int = segments(run(VADStage(VADConfig(), model=model), clip))
+    as_float = segments(run(VADStage(VADConfig(), model=model), clip.astype(np.float64) / 32768))
+    assert as_float == as_int
+
+
+@pytest.mark.parametrize(
+    ("frame", "match"),
+    [
+        (AudioIn(np.zeros(160, dtype=np.int16), sample_rate=8000), "8000 Hz"),
+        (AudioIn(np.zeros(320, dtype=np.int32)), "int32"),
+        (AudioIn(np.zeros((320, 2), dtype=np.int16)), "mono"),
+        (AudioIn(b"\x00" * 640), "bytes"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_audio_gives_one_error_and_the_stage_goes_on(
+    model: SileroModel, frame: AudioIn, match: str
+) -> None:
+    stage = VADStage(VADConfig(), model=model)
+    out: list[Frame] = []
+    pipe = Pipeline([stage], on_output=out.append)
+    for _ in range(3):
+        pipe.push(frame, Direction.DOWNSTREAM)
+    errors = [f for f in out if isinstance(f, ErrorFrame)]
+    assert len(errors) == 1 and match in errors[0].message and not errors[0].fatal
+    assert out.count(frame) == 3  # still forwarded: the VAD never swallows audio
+    assert stage.rejected == 3 and stage.windows == 0
+    # Good audio afterwards is analysed as usual.
+    clip = padded("ls-dev-clean-1988-24833-0000")
+    for i in range(0, len(clip), 320):
+        pipe.push(AudioIn(clip[i : i + 320], offset=i), Direction.DOWNSTREAM)
+    assert len(segments(out)) == 1
