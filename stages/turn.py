@@ -105,6 +105,7 @@ class TurnDetector(Stage):
         self._last_final_ns = 0
         self._heard = 0  # media sample where the latest AudioIn ended
         self._audio_seen = False
+        self._ending = False  # a segment of the turn has stopped: AudioIn may end the turn
         self._overlap: Overlap | None = None
 
     # --- frames ----------------------------------------------------------------------------
@@ -116,7 +117,8 @@ class TurnDetector(Stage):
                 self._audio_seen = True
                 if self._overlap is not None:
                     self._check_barge_in()
-                self._check_turn_end()
+                if self._ending:
+                    self._check_turn_end()
         elif isinstance(frame, Transcript):
             if frame.final and direction is DOWN:
                 self._on_final(frame)
@@ -134,6 +136,7 @@ class TurnDetector(Stage):
             self._segments.clear()
             self._parts.clear()
             self._overlap = None
+            self._ending = False
 
     @property
     def _open(self) -> Segment | None:
@@ -168,6 +171,7 @@ class TurnDetector(Stage):
             self.backchannels += 1
             return
         seg.covered = seg.covered or seg.final_end >= frame.at - COVER_SLACK
+        self._ending = True
         self._check_turn_end()
 
     def _on_bot_started(self) -> None:
@@ -241,6 +245,7 @@ class TurnDetector(Stage):
         stop = last.stop
         if self._audio_seen and self._heard - stop.at < self._silence:
             return
+        self._ending = False
         for seg in self._segments:
             if seg.role is Role.TURN:
                 seg.role = Role.DONE

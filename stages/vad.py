@@ -75,6 +75,18 @@ class SileroModel:
         self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
         self._feeds = {"input": self._input, "state": self._state, "sr": self._sr}
 
+    def fork(self) -> SileroModel:
+        """A model for another stream that shares this one's loaded session (onnxruntime runs
+        one session from many threads), so a call costs 3 kB of state, not a model load."""
+        twin = object.__new__(SileroModel)
+        twin.path = self.path
+        twin._session = self._session
+        twin._input = np.zeros_like(self._input)
+        twin._state = np.zeros_like(self._state)
+        twin._sr = self._sr
+        twin._feeds = {"input": twin._input, "state": twin._state, "sr": twin._sr}
+        return twin
+
     def reset(self) -> None:
         """Forget the stream: zero the recurrent state and the context."""
         self._input.fill(0.0)
@@ -99,7 +111,9 @@ class VADStage(Stage):
     the first of them). In speech, the first window below ``neg_threshold`` sends
     ``SpeechPaused``; if no window reaches ``threshold`` again within ``stop_ms``, ``SpeechStopped``
     follows with ``at`` where the speech ended. A window costs about 0.2 ms, so the model runs
-    inline. ``model`` lets callers share a loaded model's session setup in tests; it is reset.
+    inline. ``model``, if given, is this stream's model (e.g. ``shared.fork()``); it is reset.
+    ``SpeechStarted.at`` is where the VAD heard speech begin; keeping ``pad_ms`` of audio
+    before it is the consumer's business (the ASR).
     """
 
     name = "vad"

@@ -1,17 +1,20 @@
 """Tests for stages/turn.py: endpointing, multi-segment turns, barge-in and the trace calls.
 
-The VAD and the ASR are played by hand at the frame level, with a media clock that advances
-320 samples per AudioIn and a fake arrival clock, so every decision point is exact.
+Most tests play the VAD and the ASR by hand at the frame level, with a media clock that advances
+320 samples per AudioIn and a fake arrival clock, so every decision point is exact; the last few
+put the real Silero VAD in front on recorded speech.
 """
 
 from __future__ import annotations
 
 import asyncio
+import wave
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from agent.config import TurnConfig
+from agent.config import TurnConfig, VADConfig
 from agent.frames import (
     AudioIn,
     BotStartedSpeaking,
@@ -29,9 +32,10 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.pipeline import Pipeline
-from agent.stage import StageContext
+from agent.stage import Stage, StageContext
 from agent.trace import Trace
 from stages.turn import VAD_VERDICT_LAG, TurnDetector
+from stages.vad import SileroModel, VADStage
 
 SR = 16_000
 FRAME = 320
@@ -392,3 +396,104 @@ def test_speech_that_resumes_after_a_pause_over_the_agent_still_interrupts() -> 
     call.audio(200)
     (interrupt,) = [f for f in call.out if isinstance(f, Interrupt)]
     assert interrupt.at == at and call.turn.interrupts == 1
+
+
+# --- with the real VAD ---------------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CLIPS = {  # clip -> (speech start s, speech end s, what is said); see tests/stages/test_vad.py
+    "ls-test-clean-4507-16021-0012": (0.58, 2.54, "why should one halt on the way"),
+    "ls-dev-clean-1988-24833-0000": (0.48, 3.06, "the two stray kittens gradually make themselves at home"),
+    "ls-dev-clean-1272-128104-0000": (0.55, 5.41, "mister quilter is the apostle of the middle classes"),
+}
+
+
+def read_clip(name: str) -> np.ndarray:
+    with wave.open(str(DATA / f"{name}.wav")) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+
+
+class ScriptedASR(Stage):
+    """Plays the ASR: a final with the known text of each segment once the VAD stops it."""
+
+    def __init__(self, texts: list[str]) -> None:
+        super().__init__("scripted-asr")
+        self.texts = iter(texts)
+
+    def process(self, frame: Frame, direction: Direction) -> None:
+        self.push(frame, direction)
+        if isinstance(frame, SpeechStopped):
+            self.push(Transcript(next(self.texts), final=True, start=frame.started_at, end=frame.at))
+
+
+@pytest.fixture(scope="module")
+def vad_model() -> SileroModel:
+    return SileroModel(VADConfig())
+
+
+@pytest.fixture(scope="module")
+def conversation() -> tuple[np.ndarray, list[int]]:
+    """The three utterances, 1 s of low noise after each; and where each utterance's speech ends."""
+    rng = np.random.default_rng(0)
+    parts, ends, pos = [], [], 0
+    for name, (_, end, _) in CLIPS.items():
+        clip = read_clip(name)
+        ends.append(pos + int(end * SR))
+        gap = (rng.standard_normal(SR) * 33).astype(np.int16)  # about -60 dBFS
+        parts += [clip, gap]
+        pos += len(clip) + len(gap)
+    return np.concatenate(parts), ends
+
+
+def run_call(vad_model: SileroModel, turn: TurnDetector, pcm: np.ndarray,
+             trace: Trace | None = None, bot_at: int | None = None) -> list[Frame]:
+    out: list[Frame] = []
+    texts = [t for _, _, t in CLIPS.values()]
+    pipe = Pipeline([VADStage(VADConfig(), model=vad_model.fork()), ScriptedASR(texts), turn],
+                    on_output=out.append)
+    asyncio.run(pipe.start(StageContext(trace=trace)))
+    for i in range(0, len(pcm), FRAME):
+        if bot_at is not None and i == bot_at:
+            pipe.inject_upstream(BotStartedSpeaking())
+        pipe.push(AudioIn(pcm[i : i + FRAME], offset=i), DOWN)
+    return out
+
+
+def test_real_speech_short_silence_gives_a_turn_per_utterance(vad_model, conversation) -> None:
+    pcm, ends = conversation
+    trace = Trace()
+    turn = TurnDetector(TurnConfig(silence_ms=500))
+    out = run_call(vad_model, turn, pcm, trace=trace)
+    assert [f.text for f in out if isinstance(f, UserTurnEnded)] == [t for *_, t in CLIPS.values()]
+    # Each turn ended 500 ms (plus at most one frame) after its speech ended, ±250 ms of VAD.
+    audio_end = 0
+    decided = []
+    for f in out:
+        if isinstance(f, AudioIn):
+            audio_end = f.end
+        elif isinstance(f, UserTurnEnded):
+            decided.append(audio_end)
+    for at, end in zip(decided, ends):
+        assert abs(at - (end + 500 * MS)) <= 250 * MS + FRAME
+    assert len(trace.turns) == 2 and trace.current is not None  # each new turn closes the last
+
+
+def test_real_speech_long_silence_joins_the_utterances(vad_model, conversation) -> None:
+    pcm, _ = conversation
+    # The pauses between the utterances are 1.7-1.8 s; 2.5 s of silence is needed to end a turn.
+    turn = TurnDetector(TurnConfig(silence_ms=2500))
+    out = run_call(vad_model, turn, np.concatenate([pcm, np.zeros(2 * SR, dtype=np.int16)]))
+    assert [f.text for f in out if isinstance(f, UserTurnEnded)] == [
+        " ".join(t for *_, t in CLIPS.values())
+    ]
+
+
+def test_real_speech_over_the_agent_interrupts_it(vad_model) -> None:
+    pcm = read_clip("ls-dev-clean-1988-24833-0000")
+    turn = TurnDetector(TurnConfig(barge_in_min_speech_ms=160))
+    out = run_call(vad_model, turn, pcm, bot_at=0)
+    (interrupt,) = [f for f in out if isinstance(f, Interrupt)]
+    assert abs(interrupt.at - int(0.48 * SR)) <= 250 * MS
+    audio_before = [f for f in out[: out.index(interrupt)] if isinstance(f, AudioIn)]
+    # Decided about 160 ms into the speech: the VAD's 64 ms start plus the barge-in minimum.
+    assert audio_before[-1].end - interrupt.at <= (160 + 32 + 20) * MS

@@ -136,6 +136,20 @@ def test_model_reset_makes_results_repeatable(model: SileroModel) -> None:
     assert model.prob(windows[-1]) != first[-1]
 
 
+def test_forks_share_the_session_but_not_the_state(model: SileroModel) -> None:
+    a = read_clip("ls-test-clean-4507-16021-0012")[SR : SR + 6 * WINDOW].astype(np.float32) / 32768
+    b = read_clip("ls-dev-clean-1988-24833-0000")[SR : SR + 6 * WINDOW].astype(np.float32) / 32768
+    model.reset()
+    alone = [model.prob(w) for w in a.reshape(-1, WINDOW)]
+    one, two = model.fork(), model.fork()
+    interleaved = []
+    for wa, wb in zip(a.reshape(-1, WINDOW), b.reshape(-1, WINDOW)):
+        interleaved.append(one.prob(wa))
+        two.prob(wb)
+    assert interleaved == alone
+    assert one._session is model._session
+
+
 def test_model_rejects_a_wrong_window_size(model: SileroModel) -> None:
     with pytest.raises(ValueError, match="512"):
         model.prob(np.zeros(320, dtype=np.float32))
