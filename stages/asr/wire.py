@@ -1,0 +1,286 @@
+"""The asr-serve socket protocol as a sans-I/O codec: length-prefixed binary frames in, typed
+messages out, and back. It knows nothing of sockets; the server and the clients are shells.
+
+Frame layout (big-endian)::
+
+    length u32 | type u8 | stream u32 | payload (length - 5 bytes)
+
+``length`` counts everything after itself, so the smallest frame is 9 bytes on the wire.
+Stream ids are chosen by the client; ``0`` is the connection itself (connection-level errors).
+
+Client → server: OPEN (JSON options), AUDIO (raw PCM16 little-endian mono 16 kHz), END,
+SHM (a shared-memory segment holding PCM16: ``size u64 | samples u64 | name utf-8``).
+Server → client: PARTIAL and FINAL (``samples u64 | text utf-8``: the text covers the first
+``samples`` samples of the stream), ERROR (``code u16 | message utf-8``).
+
+Memory: a :class:`Decoder` holds at most one incomplete frame, so a connection costs at most
+``max_message`` bytes of buffer (default 1 MiB ≈ 32 s of PCM16) plus whatever it was fed in one
+call; a length above ``max_message`` is refused as soon as its 4 header bytes arrive, before any
+payload is buffered.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+DEFAULT_SOCKET = "/tmp/voxline-asr.sock"
+SAMPLE_RATE = 16_000
+MAX_MESSAGE = 1 << 20  # 1 MiB: 32 s of PCM16 in one AUDIO frame
+MAX_TEXT = 64 << 10  # options, texts and error messages stay small
+
+_HEADER = struct.Struct(">IBI")
+HEADER_SIZE = _HEADER.size  # 9
+_SHM = struct.Struct(">QQ")
+_RESULT = struct.Struct(">Q")
+_ERROR = struct.Struct(">H")
+_MAX_STREAM = 0xFFFF_FFFF
+
+
+class Kind(IntEnum):
+    OPEN = 1
+    AUDIO = 2
+    END = 3
+    SHM = 4
+    PARTIAL = 5
+    FINAL = 6
+    ERROR = 7
+
+
+class ErrorCode(IntEnum):
+    PROTOCOL = 1  # malformed frame: the connection is closed after this error
+    CAPACITY = 2  # the slot pool is full: this stream is refused, the connection stays
+    UNKNOWN_STREAM = 3  # AUDIO/END for a stream that is not open
+    BAD_REQUEST = 4  # a well-formed frame asking for something invalid (bad options, bad shm)
+    INTERNAL = 5  # the engine failed on this stream's audio
+
+
+@dataclass(slots=True, frozen=True)
+class Open:
+    stream: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class Audio:
+    stream: int
+    pcm: bytes  # PCM16 little-endian mono 16 kHz; always an even number of bytes
+
+
+@dataclass(slots=True, frozen=True)
+class End:
+    stream: int
+
+
+@dataclass(slots=True, frozen=True)
+class SharedMemoryFile:
+    stream: int
+    name: str  # a multiprocessing.shared_memory segment name
+    size: int  # bytes the client wrote into the segment
+    samples: int  # PCM16 samples in those bytes (size // 2)
+
+
+@dataclass(slots=True, frozen=True)
+class Partial:
+    stream: int
+    text: str
+    samples: int  # the text covers the stream's first ``samples`` samples
+
+
+@dataclass(slots=True, frozen=True)
+class Final:
+    stream: int
+    text: str
+    samples: int
+
+
+@dataclass(slots=True, frozen=True)
+class Error:
+    stream: int  # 0: the whole connection
+    code: ErrorCode
+    message: str
+
+
+Message = Open | Audio | End | SharedMemoryFile | Partial | Final | Error
+
+
+class ProtocolError(Exception):
+    """The byte stream broke the framing rules; the peer's connection should be closed."""
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def _frame(kind: Kind, stream: int, payload: bytes = b"") -> bytes:
+    if not 0 <= stream <= _MAX_STREAM:
+        raise ValueError(f"stream id {stream} is outside 0..{_MAX_STREAM}")
+    return _HEADER.pack(len(payload) + 5, kind, stream) + payload
+
+
+def encode_open(stream: int, options: dict[str, Any] | None = None) -> bytes:
+    return _frame(Kind.OPEN, stream, json.dumps(options or {}, separators=(",", ":")).encode())
+
+
+def encode_audio(stream: int, pcm: bytes | memoryview) -> bytes:
+    """One AUDIO frame; ``pcm`` must fit in one message (see :func:`encode_audio_chunks`)."""
+    if len(pcm) % 2:
+        raise ValueError("PCM16 audio must be an even number of bytes")
+    return _frame(Kind.AUDIO, stream, bytes(pcm))
+
+
+def encode_audio_chunks(stream: int, pcm: bytes | memoryview, max_message: int = MAX_MESSAGE) -> list[bytes]:
+    """AUDIO frames for ``pcm`` of any length, each within ``max_message``."""
+    step = (max_message - 5) & ~1
+    view = memoryview(pcm)
+    return [encode_audio(stream, view[i : i + step]) for i in range(0, len(view), step)]
+
+
+def encode_end(stream: int) -> bytes:
+    return _frame(Kind.END, stream)
+
+
+def encode_shm(stream: int, name: str, size: int, samples: int) -> bytes:
+    return _frame(Kind.SHM, stream, _SHM.pack(size, samples) + name.encode())
+
+
+def encode_partial(stream: int, text: str, samples: int) -> bytes:
+    return _frame(Kind.PARTIAL, stream, _RESULT.pack(samples) + text.encode()[:MAX_TEXT])
+
+
+def encode_final(stream: int, text: str, samples: int) -> bytes:
+    return _frame(Kind.FINAL, stream, _RESULT.pack(samples) + text.encode()[:MAX_TEXT])
+
+
+def encode_error(stream: int, code: ErrorCode, message: str) -> bytes:
+    return _frame(Kind.ERROR, stream, _ERROR.pack(code) + message.encode()[:MAX_TEXT])
+
+
+def encode(msg: Message) -> bytes:
+    """Any message back to its frame (the inverse of :class:`Decoder`)."""
+    match msg:
+        case Open():
+            return encode_open(msg.stream, msg.options)
+        case Audio():
+            return encode_audio(msg.stream, msg.pcm)
+        case End():
+            return encode_end(msg.stream)
+        case SharedMemoryFile():
+            return encode_shm(msg.stream, msg.name, msg.size, msg.samples)
+        case Partial():
+            return encode_partial(msg.stream, msg.text, msg.samples)
+        case Final():
+            return encode_final(msg.stream, msg.text, msg.samples)
+        case Error():
+            return encode_error(msg.stream, msg.code, msg.message)
+    raise TypeError(f"not a wire message: {msg!r}")
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+def _text(payload: bytes, what: str) -> str:
+    if len(payload) > MAX_TEXT:
+        raise ProtocolError(f"{what} of {len(payload)} bytes is over the {MAX_TEXT}-byte limit")
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what} is not valid UTF-8") from None
+
+
+def _parse(kind: int, stream: int, payload: bytes) -> Message:
+    if kind == Kind.AUDIO:
+        if len(payload) % 2:
+            raise ProtocolError(f"AUDIO payload of {len(payload)} bytes is not whole PCM16 samples")
+        return Audio(stream, payload)
+    if kind == Kind.OPEN:
+        text = _text(payload, "OPEN options")
+        try:
+            options = json.loads(text) if text else {}
+        except (ValueError, RecursionError):  # RecursionError: absurdly nested JSON
+            raise ProtocolError("OPEN options are not valid JSON") from None
+        if not isinstance(options, dict):
+            raise ProtocolError("OPEN options must be a JSON object")
+        return Open(stream, options)
+    if kind == Kind.END:
+        if payload:
+            raise ProtocolError("END carries no payload")
+        return End(stream)
+    if kind == Kind.SHM:
+        if len(payload) <= _SHM.size:
+            raise ProtocolError("SHM payload too short: expected size, samples and a name")
+        size, samples = _SHM.unpack_from(payload)
+        return SharedMemoryFile(stream, _text(payload[_SHM.size :], "SHM name"), size, samples)
+    if kind in (Kind.PARTIAL, Kind.FINAL):
+        if len(payload) < _RESULT.size:
+            raise ProtocolError(f"{Kind(kind).name} payload too short")
+        (samples,) = _RESULT.unpack_from(payload)
+        text = _text(payload[_RESULT.size :], f"{Kind(kind).name} text")
+        return (Partial if kind == Kind.PARTIAL else Final)(stream, text, samples)
+    if kind == Kind.ERROR:
+        if len(payload) < _ERROR.size:
+            raise ProtocolError("ERROR payload too short")
+        (code,) = _ERROR.unpack_from(payload)
+        try:
+            err = ErrorCode(code)
+        except ValueError:
+            raise ProtocolError(f"unknown error code {code}") from None
+        return Error(stream, err, _text(payload[_ERROR.size :], "ERROR message"))
+    raise ProtocolError(f"unknown message type {kind}")
+
+
+class Decoder:
+    """Feed it bytes as they arrive; it returns the complete messages, in order.
+
+    It never raises on bad input: on the first violation it sets :attr:`error` (a
+    :class:`ProtocolError` saying what was wrong), returns the messages decoded before it, and
+    ignores everything fed afterwards — the caller reports the error and closes the connection.
+    """
+
+    __slots__ = ("max_message", "error", "_buf")
+
+    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+        if max_message < 5:
+            raise ValueError("max_message must leave room for the type and the stream id")
+        self.max_message = max_message
+        self.error: ProtocolError | None = None
+        self._buf = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame held back (a client that stops mid-frame)."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        if self.error is not None:
+            return []
+        buf = self._buf
+        buf += data
+        out: list[Message] = []
+        pos = 0
+        try:
+            while len(buf) - pos >= 4:
+                (length,) = struct.unpack_from(">I", buf, pos)
+                if length < 5:
+                    raise ProtocolError(f"frame length {length} is below the 5-byte minimum")
+                if length > self.max_message:
+                    raise ProtocolError(
+                        f"frame of {length} bytes exceeds the {self.max_message}-byte message limit"
+                    )
+                end = pos + 4 + length
+                if len(buf) < end:
+                    break
+                _, kind, stream = _HEADER.unpack_from(buf, pos)
+                out.append(_parse(kind, stream, bytes(buf[pos + HEADER_SIZE : end])))
+                pos = end
+        except ProtocolError as exc:
+            self.error = exc
+        except Exception as exc:  # a parser bug must not take the server down either
+            self.error = ProtocolError(f"undecodable frame: {exc}")
+        if self.error is not None:
+            buf.clear()
+            return out
+        del buf[:pos]
+        return out
