@@ -1,0 +1,70 @@
+"""``voxline serve``: the browser voice-call demo — open the page, press Call, talk."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import time
+
+from agent.config import Config, add_config_flags, config_from_args
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the browser voice-call demo (WebSocket and WebRTC)",
+        description="Serves web/ and takes calls over WebSocket (GET /ws) and WebRTC "
+        "(POST /offer); every call gets its own pipeline, the models are loaded once. Bound to "
+        "anything but loopback, calls need a token (--token or $VOXLINE_TOKEN; a random one is "
+        "made and printed otherwise).",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--token", default=os.environ.get("VOXLINE_TOKEN", ""),
+                   help="token calls must present (?token=… or the X-Voxline-Token header)")
+    p.add_argument("--max-calls", type=int, default=16, metavar="N",
+                   help="calls served at once; more are refused (default 16)")
+    p.add_argument("--ice-server", action="append", default=[], metavar="URL",
+                   help="a STUN/TURN server for WebRTC (repeatable; default: none)")
+    add_config_flags(p)
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from agent import runtime
+
+    cfg = config_from_args(args)
+    return runtime.run(_serve(args, cfg), cfg.runtime)
+
+
+async def _serve(args: argparse.Namespace, cfg: Config) -> int:
+    from agent.presets import build_pipeline, load_models
+    from agent.runtime import freeze_after_warmup
+    from agent.session import Session
+    from agent.trace import Trace
+    from transports.server import VoiceServer
+
+    t_load = time.monotonic()
+    models = load_models(cfg)
+    freeze_after_warmup(cfg.runtime)
+
+    def new_session() -> Session:
+        trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
+        return Session(build_pipeline(cfg, models), trace, greeting=cfg.agent.greeting)
+
+    server = VoiceServer(new_session, host=args.host, port=args.port, token=args.token,
+                         max_calls=args.max_calls, ice_servers=args.ice_server)
+    await server.start()
+    print(f"models ready in {time.monotonic() - t_load:.1f} s (asr {cfg.asr.backend}, "
+          f"llm {cfg.llm.backend}, tts {cfg.tts.backend})", flush=True)
+    print(f"open {server.url} and press Call (Ctrl-C stops)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+    print(f"served {server.served} calls", flush=True)
+    return 0

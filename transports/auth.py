@@ -1,0 +1,51 @@
+"""Call authorisation for the browser server: a shared token, required unless the server is
+bound to loopback (where only this host can reach it)."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import secrets
+from collections.abc import Mapping
+
+TOKEN_PARAM = "token"
+TOKEN_HEADER = "X-Voxline-Token"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TokenAuth:
+    """``token`` empty means no check. A request passes with ``?token=…``, the ``X-Voxline-Token``
+    header or ``Authorization: Bearer …`` (browsers cannot set headers on a WebSocket, hence the
+    query parameter)."""
+
+    def __init__(self, token: str = "") -> None:
+        self.token = token
+
+    @classmethod
+    def for_host(cls, host: str, token: str = "") -> TokenAuth:
+        """No token on loopback unless one is given; elsewhere the given one or a fresh one."""
+        if token or is_loopback(host):
+            return cls(token)
+        return cls(secrets.token_urlsafe(18))
+
+    @property
+    def required(self) -> bool:
+        return bool(self.token)
+
+    def allows(self, query: Mapping[str, str], headers: Mapping[str, str]) -> bool:
+        if not self.token:
+            return True
+        given = query.get(TOKEN_PARAM) or headers.get(TOKEN_HEADER) or ""
+        if not given:
+            scheme, _, value = headers.get("Authorization", "").partition(" ")
+            if scheme.lower() == "bearer":
+                given = value.strip()
+        return hmac.compare_digest(given.encode(), self.token.encode())

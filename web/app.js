@@ -1,0 +1,285 @@
+// voxline browser call: microphone → server (WebSocket PCM or WebRTC), agent audio back,
+// live transcripts, agent replies, a per-turn latency waterfall and a barge-in indicator.
+// Standard Web APIs only; no build step. `window.voxline` exposes the call's state to tests.
+
+const $ = (id) => document.getElementById(id);
+const SPANS = ['vad_eos', 'asr_final', 'llm_first_token', 'tts_first_audio', 'transport_send',
+               'voice_to_voice', 'greeting'];
+const MIC_CONSTRAINTS = { audio: { echoCancellation: true, noiseSuppression: true,
+                                   autoGainControl: true, channelCount: 1 } };
+const token = new URLSearchParams(location.search).get('token');
+const withToken = (path) => (token ? `${path}?token=${encodeURIComponent(token)}` : path);
+
+const state = window.voxline = {
+  status: 'idle', transport: null, session: null, events: 0, finals: [], partial: '',
+  replies: [], traces: [], interrupts: 0, errors: [], micFrames: 0, agentChunks: 0,
+  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [],
+};
+
+let call = null;  // the live call's handles, null when idle
+
+// --- UI ------------------------------------------------------------------------------------------
+function setStatus(s) {
+  state.status = s;
+  $('status').textContent = s;
+  $('status').dataset.state = s;
+  const live = s !== 'idle' && s !== 'ended' && s !== 'failed';
+  $('call').textContent = live ? 'Hang up' : 'Call';
+  $('call').classList.toggle('hangup', live);
+  for (const r of document.querySelectorAll('input[name=transport]')) r.disabled = live;
+}
+
+function showError(msg) {
+  state.errors.push(msg);
+  $('error').textContent = msg;
+}
+
+function addLine(who, text, cls = '') {
+  const li = document.createElement('li');
+  li.className = `${who} ${cls}`.trim();
+  li.innerHTML = `<span class="who">${who === 'caller' ? 'you' : 'agent'}</span>`;
+  li.append(document.createTextNode(text));
+  $('log').append(li);
+  $('log').scrollTop = $('log').scrollHeight;
+  return li;
+}
+
+let agentLine = null;  // the reply being streamed in
+function agentText(text, done, cancelled = false) {
+  if (!agentLine) agentLine = addLine('agent', '');
+  agentLine.lastChild.textContent = text;
+  if (done) {
+    if (cancelled) agentLine.classList.add('cancelled');
+    agentLine = null;
+  }
+}
+
+function flash(id, ms) {
+  const el = $(id);
+  el.classList.add('on');
+  clearTimeout(el._t);
+  el._t = setTimeout(() => el.classList.remove('on'), ms);
+}
+
+function drawTurn(ev) {
+  const spans = ev.spans || {};
+  const names = SPANS.filter((n) => spans[n]);
+  if (!names.length) return;
+  const total = spans.voice_to_voice || spans.greeting;
+  const scale = Math.max(...names.map((n) => Math.max(spans[n].end_ms, spans[n].budget_ms || 0)), 1);
+  const div = document.createElement('div');
+  div.className = 'turn';
+  div.dataset.turn = ev.turn;
+  const label = ev.kind === 'greeting' ? 'greeting' : `turn ${ev.turn}`;
+  const over = names.filter((n) => spans[n].over);
+  div.innerHTML = `<div class="title">${label}: <b class="${over.length ? 'over' : ''}">${
+    total ? Math.round(total.ms) + ' ms' : '—'}</b>${over.length ? ' — over budget: ' + over.join(', ') : ''}</div>`;
+  for (const n of names) {
+    const s = spans[n];
+    const row = document.createElement('div');
+    row.className = 'row' + (s.over ? ' over' : '');
+    row.dataset.span = n;
+    const left = (100 * Math.max(s.start_ms, 0)) / scale;
+    const width = (100 * s.ms) / scale;
+    const budget = s.budget_ms != null
+      ? `<span class="budget" style="left:${(100 * (s.start_ms + s.budget_ms)) / scale}%"></span>` : '';
+    row.innerHTML = `<span>${n.replaceAll('_', ' ')}</span><span class="track"><span class="bar" style="left:${left}%;width:${width}%"></span>${budget}</span><span class="ms">${Math.round(s.ms)} ms</span>`;
+    div.append(row);
+  }
+  $('waterfall').prepend(div);
+}
+
+// --- events from the server ------------------------------------------------------------------
+function onEvent(ev) {
+  state.events++;
+  switch (ev.type) {
+    case 'ready': state.session = ev.session; setStatus('connected'); break;
+    case 'transcript':
+      if (ev.final) {
+        $('partial').textContent = state.partial = '';
+        if (ev.text.trim()) { state.finals.push(ev.text.trim()); addLine('caller', ev.text.trim()); }
+      } else {
+        $('partial').textContent = state.partial = ev.text;
+      }
+      break;
+    case 'speech_started': $('you').classList.add('on'); break;
+    case 'speech_stopped': $('you').classList.remove('on'); break;
+    case 'agent_delta': agentText(((agentLine && agentLine.lastChild.textContent) || '') + ev.text, false); break;
+    case 'agent_text':
+      agentText(ev.text, true, ev.cancelled);
+      if (ev.text.trim()) state.replies.push({ text: ev.text, cancelled: ev.cancelled });
+      break;
+    case 'agent_say': if (ev.greeting) { addLine('agent', ev.text); state.replies.push({ text: ev.text, greeting: true }); } break;
+    case 'bot_started': $('agent').classList.add('on'); break;
+    case 'bot_stopped': $('agent').classList.remove('on'); break;
+    case 'interrupt':
+      state.interrupts++;
+      $('barge-count').textContent = state.interrupts;
+      flash('barge', 1500);
+      if (call && call.flushPlayback) call.flushPlayback();
+      break;
+    case 'trace': state.traces.push(ev); drawTurn(ev); break;
+    case 'error': showError(`${ev.stage || 'server'}: ${ev.message}`); break;
+    default: break;
+  }
+}
+
+// --- levels: the agent meter and the page-side voice-to-voice measurement --------------------------
+// Voice-to-voice as the page hears it: from the last moment the microphone carried speech to
+// the first agent audio after it (20 ms resolution, the polling interval).
+function watchLevels(ctx, micSource, agentOut) {
+  const mic = ctx.createAnalyser(); mic.fftSize = 256; micSource.connect(mic);
+  const agent = ctx.createAnalyser(); agent.fftSize = 256; agentOut.connect(agent);
+  const buf = new Float32Array(256);
+  const rms = (an) => { an.getFloatTimeDomainData(buf); let s = 0; for (const v of buf) s += v * v; return Math.sqrt(s / buf.length); };
+  let lastVoice = 0, agentOn = false, agentQuietSince = 0;
+  const canvas = $('meter').getContext('2d');
+  return setInterval(() => {
+    const now = performance.now();
+    const m = rms(mic), a = rms(agent);
+    state.micMaxRms = Math.max(state.micMaxRms, m);
+    state.agentMaxRms = Math.max(state.agentMaxRms, a);
+    if (m > 0.01) lastVoice = now;
+    if (a > 0.005) {
+      if (!agentOn && lastVoice && lastVoice > agentQuietSince) state.voiceToVoiceMs.push(Math.round(now - lastVoice));
+      agentOn = true; agentQuietSince = 0;
+    } else if (agentOn) { agentOn = false; agentQuietSince = now; }
+    canvas.fillStyle = '#f1f3f6'; canvas.fillRect(0, 0, 160, 28);
+    canvas.fillStyle = '#0f766e'; canvas.fillRect(0, 0, Math.min(160, a * 800), 28);
+  }, 20);
+}
+
+// --- WebSocket transport ----------------------------------------------------------------------------
+async function startWebSocket(stream) {
+  const ctx = new AudioContext({ sampleRate: 16000 });
+  if (ctx.state !== 'running') await ctx.resume();
+  await ctx.audioWorklet.addModule('/static/capture-worklet.js');
+  const src = ctx.createMediaStreamSource(stream);
+  const capture = new AudioWorkletNode(ctx, 'pcm-capture');
+  const sink = ctx.createGain(); sink.gain.value = 0;  // keeps the worklet pulled, silently
+  src.connect(capture).connect(sink).connect(ctx.destination);
+  const out = ctx.createGain(); out.connect(ctx.destination);
+
+  const proto = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  const ws = new WebSocket(`${proto}//${location.host}${withToken('/ws')}`);
+  ws.binaryType = 'arraybuffer';
+  let playHead = 0;
+  const playing = new Set();
+  capture.port.onmessage = (e) => {
+    if (ws.readyState === WebSocket.OPEN) { ws.send(e.data); state.micFrames++; }
+  };
+  ws.onmessage = (e) => {
+    if (typeof e.data === 'string') { onEvent(JSON.parse(e.data)); return; }
+    const pcm = new Int16Array(e.data);
+    const buf = ctx.createBuffer(1, pcm.length, 16000);
+    const ch = buf.getChannelData(0);
+    for (let i = 0; i < pcm.length; i++) ch[i] = pcm[i] / 32768;
+    const node = ctx.createBufferSource();
+    node.buffer = buf; node.connect(out);
+    // a 40 ms jitter margin when playback (re)starts; back-to-back frames after that
+    playHead = Math.max(playHead, ctx.currentTime + 0.04);
+    node.start(playHead); playHead += buf.duration;
+    playing.add(node); node.onended = () => playing.delete(node);
+    state.agentChunks++;
+  };
+  ws.onclose = (e) => {
+    if (call && call.ws === ws) finish(e.code === 1000 || e.code === 1005 ? 'ended' : 'failed', e.reason);
+  };
+  ws.onerror = () => showError('WebSocket error');
+  const timer = watchLevels(ctx, src, out);
+  return {
+    ws, ctx, timer,
+    flushPlayback() { for (const n of playing) n.stop(); playing.clear(); playHead = 0; },
+    hangup() {
+      if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'hangup' }));
+      ws.close(1000);
+    },
+  };
+}
+
+// --- WebRTC transport --------------------------------------------------------------------------------
+async function startWebRTC(stream) {
+  const ctx = new AudioContext();
+  if (ctx.state !== 'running') await ctx.resume();
+  const out = ctx.createGain(); out.connect(ctx.destination);
+  const pc = new RTCPeerConnection({ iceServers: [] });
+  const dc = pc.createDataChannel('events');
+  dc.onmessage = (e) => onEvent(JSON.parse(e.data));
+  for (const t of stream.getAudioTracks()) pc.addTrack(t, stream);
+  let element = null;
+  pc.ontrack = (e) => {
+    const remote = e.streams[0] || new MediaStream([e.track]);
+    // Chromium feeds a remote WebRTC stream to WebAudio only while a media element also plays
+    // it (crbug 933677); the element is muted so the audio is heard once, through WebAudio.
+    element = new Audio(); element.srcObject = remote; element.muted = true;
+    element.play().catch((err) => showError(`audio element: ${err}`));
+    ctx.createMediaStreamSource(remote).connect(out);
+    state.agentChunks++;
+  };
+  pc.onconnectionstatechange = () => {
+    if (pc.connectionState === 'failed' && call && call.pc === pc) finish('failed', 'connection failed');
+  };
+  dc.onclose = () => { if (call && call.pc === pc) finish('ended'); };
+  await pc.setLocalDescription(await pc.createOffer());
+  // no trickle ICE: wait (bounded) for gathering, then send the whole offer
+  await new Promise((resolve) => {
+    if (pc.iceGatheringState === 'complete') return resolve();
+    pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && resolve());
+    setTimeout(resolve, 2000);
+  });
+  const r = await fetch(withToken('/offer'), {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }),
+  });
+  if (!r.ok) { pc.close(); throw new Error(`offer refused: ${r.status} ${(await r.text()).trim()}`); }
+  await pc.setRemoteDescription(await r.json());
+  const timer = watchLevels(ctx, ctx.createMediaStreamSource(stream), out);
+  return {
+    pc, ctx, timer,
+    // the server flushes its queue on barge-in; what Chromium's jitter buffer holds is < 100 ms
+    flushPlayback() {},
+    hangup() {
+      if (dc.readyState === 'open') dc.send(JSON.stringify({ type: 'hangup' }));
+      if (element) element.srcObject = null;
+      setTimeout(() => pc.close(), 100);
+    },
+  };
+}
+
+// --- call control ------------------------------------------------------------------------------------
+async function startCall() {
+  const transport = document.querySelector('input[name=transport]:checked').value;
+  $('error').textContent = '';
+  state.transport = transport;
+  setStatus('connecting');
+  try {
+    const stream = await navigator.mediaDevices.getUserMedia(MIC_CONSTRAINTS);
+    const handles = transport === 'ws' ? await startWebSocket(stream) : await startWebRTC(stream);
+    call = { ...handles, stream };
+    if (transport === 'webrtc') setStatus(state.status === 'connecting' ? 'negotiated' : state.status);
+  } catch (err) {
+    showError(String(err.message || err));
+    setStatus('failed');
+  }
+}
+
+function finish(status, reason) {
+  const c = call;
+  call = null;
+  if (!c) return;
+  clearInterval(c.timer);
+  for (const t of c.stream.getTracks()) t.stop();
+  setTimeout(() => c.ctx.close(), 200);
+  if (reason) showError(reason);
+  $('you').classList.remove('on'); $('agent').classList.remove('on');
+  setStatus(status);
+}
+
+function hangUp() {
+  if (!call) return;
+  call.hangup();
+  finish('ended');
+}
+
+$('call').addEventListener('click', () => (call ? hangUp() : startCall()));
+window.voxlineCall = { start: startCall, hangUp };
