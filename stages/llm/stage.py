@@ -1,0 +1,80 @@
+"""The LLM stage: a finished user turn in, streamed reply text and speakable chunks out."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+from agent.config import AgentConfig, LLMConfig
+from agent.frames import Frame, LLMEnd, LLMTextDelta, TextToSpeak, UserTurnEnded
+from agent.stage import QueuedStage, StageContext
+from stages.llm.chat import ChatHistory, ChatLLM
+from stages.llm.sentences import SentenceAggregator
+
+
+class LLMStage(QueuedStage):
+    """Answers each :class:`UserTurnEnded` with :class:`LLMTextDelta` frames as tokens arrive,
+    :class:`TextToSpeak` chunks as they become speakable, then one :class:`LLMEnd`.
+
+    On a barge-in the reply in flight is cancelled; the history keeps what was generated so
+    far, marked truncated, and an ``LLMEnd(cancelled=True)`` follows. A configured greeting is
+    pushed once, from :meth:`start`, and kept in the history as the agent's first words.
+    """
+
+    name = "llm"
+
+    def __init__(self, llm: ChatLLM, cfg: LLMConfig, agent: AgentConfig) -> None:
+        super().__init__()
+        self.llm = llm
+        self.cfg = cfg
+        self.agent = agent
+        self.history = ChatHistory(cfg.system_prompt, cfg.history_turns)
+        self._greeted = False
+
+    async def start(self, ctx: StageContext) -> None:
+        await super().start(ctx)
+        if self.agent.greeting and not self._greeted:
+            self._greeted = True
+            self.history.add_assistant(self.agent.greeting)
+            self.push(TextToSpeak(self.agent.greeting, greeting=True))
+
+    def wants(self, frame: Frame) -> bool:
+        return isinstance(frame, UserTurnEnded)
+
+    async def handle(self, frame: Frame) -> None:
+        assert isinstance(frame, UserTurnEnded)
+        text = frame.text.strip()
+        if not text:
+            return
+        trace = self.ctx.trace
+        self.history.add_user(text)
+        chunks = SentenceAggregator(self.agent.min_first_chunk_words)
+        parts: list[str] = []
+        if trace is not None:
+            trace.event("llm_request")
+        try:
+            async with aclosing(self.llm.stream(self.history.messages())) as tokens:
+                async for token in tokens:
+                    if not token:
+                        continue
+                    if not parts and trace is not None:
+                        trace.event("llm_first_token")
+                    parts.append(token)
+                    self.push(LLMTextDelta(token))
+                    for chunk in chunks.feed(token):
+                        self.push(TextToSpeak(chunk))
+        except (asyncio.CancelledError, Exception):
+            # Interrupted or failed: remember only what was said, and close the reply so
+            # downstream stages are not left waiting. A failure then becomes an ErrorFrame.
+            partial = "".join(parts).strip()
+            self.history.add_assistant(partial, truncated=True)
+            self.push(LLMEnd(text=partial, cancelled=True))
+            raise
+        rest = chunks.flush()
+        if rest:
+            self.push(TextToSpeak(rest))
+        reply = "".join(parts).strip()
+        self.history.add_assistant(reply)
+        self.push(LLMEnd(text=reply))
+        if trace is not None:
+            trace.note(reply=reply)

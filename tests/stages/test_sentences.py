@@ -1,0 +1,82 @@
+"""Sentence aggregation: LLM deltas in, speakable chunks out."""
+
+from __future__ import annotations
+
+from stages.llm.sentences import SentenceAggregator
+
+
+def run(deltas: list[str], min_words: int = 3) -> list[str]:
+    agg = SentenceAggregator(min_words)
+    out: list[str] = []
+    for d in deltas:
+        out.extend(agg.feed(d))
+    rest = agg.flush()
+    if rest:
+        out.append(rest)
+    return out
+
+
+def by_char(text: str, min_words: int = 3) -> list[str]:
+    return run(list(text), min_words)
+
+
+def test_sentences_split_at_terminators() -> None:
+    assert by_char("Hello there. How are you? Great!") == ["Hello there.", "How are you?", "Great!"]
+
+
+def test_a_chunk_is_released_as_soon_as_the_next_character_decides_it() -> None:
+    agg = SentenceAggregator(3)
+    assert agg.feed("It is sunny today.") == []  # "." could still become "3.5"-style
+    assert agg.feed(" And") == ["It is sunny today."]
+    assert agg.flush() == "And"
+
+
+def test_first_chunk_may_end_at_a_clause_once_it_has_enough_words() -> None:
+    text = "Well, I think that, on balance, it will rain. Later, it clears."
+    assert by_char(text, 3) == ["Well, I think that,", "on balance, it will rain.", "Later, it clears."]
+
+
+def test_clause_too_short_is_not_cut() -> None:
+    assert by_char("Sure, I can do that; just a moment.", 3) == ["Sure, I can do that;", "just a moment."]
+    assert by_char("Sure, I can do that; just a moment.", 10) == ["Sure, I can do that; just a moment."]
+
+
+def test_only_the_first_chunk_is_cut_at_clauses() -> None:
+    chunks = by_char("Yes. Well, I think so, but it depends: maybe.", 1)
+    assert chunks == ["Yes.", "Well, I think so, but it depends: maybe."]
+
+
+def test_dashes_are_clause_boundaries_but_hyphens_are_not() -> None:
+    assert by_char("Let me check — one moment please.", 2) == ["Let me check —", "one moment please."]
+    assert by_char("A well-known fact - really true.", 3) == ["A well-known fact -", "really true."]
+    assert by_char("A well-known state-of-the-art fact.", 1) == ["A well-known state-of-the-art fact."]
+
+
+def test_abbreviations_and_initials_do_not_end_sentences() -> None:
+    text = "Mr. Smith met Dr. Jones, e.g. at J. R. Tolkien's house. Then they left."
+    assert by_char(text, 50) == ["Mr. Smith met Dr. Jones, e.g. at J. R. Tolkien's house.", "Then they left."]
+
+
+def test_decimals_numbers_and_urls_do_not_end_sentences() -> None:
+    text = "It costs 3.5 dollars, or 1,000 yen at example.com today. Okay?"
+    assert by_char(text, 50) == ["It costs 3.5 dollars, or 1,000 yen at example.com today.", "Okay?"]
+
+
+def test_closing_quotes_and_repeated_marks_stay_with_their_sentence() -> None:
+    assert by_char('He said "stop!" Then "go?!" Fine...') == ['He said "stop!"', 'Then "go?!"', "Fine..."]
+
+
+def test_newlines_end_chunks_and_blank_lines_vanish() -> None:
+    assert by_char("First line\n\nSecond line\n") == ["First line", "Second line"]
+
+
+def test_flush_returns_the_remainder_and_resets_for_the_next_reply() -> None:
+    agg = SentenceAggregator(2)
+    assert agg.feed("One two three, four") == ["One two three,"]
+    assert agg.flush() == "four"
+    assert agg.flush() is None
+    assert agg.feed("Again one, two") == ["Again one,"]  # the next reply may cut a clause again
+
+
+def test_multi_character_deltas() -> None:
+    assert run(["Hel", "lo the", "re. I'm", " fine, thanks", ". Bye"]) == ["Hello there.", "I'm fine, thanks.", "Bye"]
