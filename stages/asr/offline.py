@@ -1,0 +1,149 @@
+"""Offline transcription: long audio cut at VAD pauses into chunks of at most ``max_chunk_s``,
+all chunks of all files transcribed in large batches. Throughput rules here, not latency."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stages.asr.backend import ASRBackend
+
+RATE = 16_000
+WINDOW = 512
+
+
+@dataclass(slots=True, frozen=True)
+class Segment:
+    start: float  # seconds in the file
+    end: float
+    text: str
+
+
+@dataclass(slots=True)
+class FileResult:
+    name: str
+    duration_s: float
+    segments: list[Segment] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return " ".join(s.text for s in self.segments if s.text).strip()
+
+    def as_dict(self) -> dict:
+        return {
+            "file": self.name,
+            "duration_s": round(self.duration_s, 3),
+            "text": self.text,
+            "segments": [
+                {"start": round(s.start, 2), "end": round(s.end, 2), "text": s.text}
+                for s in self.segments
+            ],
+        }
+
+
+def speech_regions(
+    probs: np.ndarray, threshold: float = 0.5, neg_threshold: float = 0.35,
+    min_silence_windows: int = 8, pad_windows: int = 3,
+) -> list[tuple[int, int]]:
+    """Speech regions as (start, end) sample indices from per-window speech probabilities,
+    with hysteresis; pauses shorter than ``min_silence_windows`` do not split a region."""
+    regions: list[tuple[int, int]] = []
+    in_speech, start, silent = False, 0, 0
+    for i, p in enumerate(probs):
+        if not in_speech:
+            if p >= threshold:
+                in_speech, start, silent = True, i, 0
+        elif p < neg_threshold:
+            silent += 1
+            if silent >= min_silence_windows:
+                regions.append((start, i - silent + 1))
+                in_speech = False
+        else:
+            silent = 0
+    if in_speech:
+        regions.append((start, len(probs) - silent))
+    n = len(probs)
+    return [(max(0, a - pad_windows) * WINDOW, min(n, b + pad_windows) * WINDOW) for a, b in regions]
+
+
+def chunk_regions(regions: list[tuple[int, int]], max_chunk_s: float, total: int) -> list[tuple[int, int]]:
+    """Merge speech regions into chunks no longer than ``max_chunk_s``, cutting only at pauses;
+    a region longer than that alone is cut into equal pieces."""
+    limit = int(max_chunk_s * RATE)
+    chunks: list[tuple[int, int]] = []
+    cur: tuple[int, int] | None = None
+    for a, b in regions:
+        b = min(b, total)
+        if b - a > limit:
+            if cur:
+                chunks.append(cur)
+                cur = None
+            pieces = -(-(b - a) // limit)
+            step = -(-(b - a) // pieces)
+            chunks.extend((x, min(x + step, b)) for x in range(a, b, step))
+            continue
+        if cur is None:
+            cur = (a, b)
+        elif b - cur[0] <= limit:
+            cur = (cur[0], b)
+        else:
+            chunks.append(cur)
+            cur = (a, b)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def vad_probs(audio: np.ndarray, vad: object) -> np.ndarray:
+    """Speech probability of every 512-sample window (the last one zero-padded)."""
+    vad.reset()  # type: ignore[attr-defined]
+    n = -(-len(audio) // WINDOW)
+    padded = np.zeros(n * WINDOW, np.float32)
+    padded[: len(audio)] = audio
+    prob = vad.prob  # type: ignore[attr-defined]
+    return np.fromiter((prob(padded[i * WINDOW : (i + 1) * WINDOW]) for i in range(n)), np.float32, n)
+
+
+def transcribe_files(
+    audios: Sequence[tuple[str, np.ndarray]],
+    backend: ASRBackend,
+    vad: object,
+    batch_size: int = 16,
+    max_chunk_s: float = 28.0,
+    on_progress: Callable[[float], None] | None = None,
+) -> list[FileResult]:
+    """Transcribe whole files: VAD cut, then every chunk of every file in batches of
+    ``batch_size``, longest first (similar lengths share a batch). ``on_progress`` receives the
+    seconds of audio finished after each batch."""
+    jobs: list[tuple[int, int, int]] = []  # (file index, start, end)
+    results: list[FileResult] = []
+    for fi, (name, audio) in enumerate(audios):
+        results.append(FileResult(name, len(audio) / RATE))
+        regions = speech_regions(vad_probs(audio, vad))
+        for a, b in chunk_regions(regions, max_chunk_s, len(audio)):
+            jobs.append((fi, a, b))
+        if on_progress is not None and not regions:
+            on_progress(len(audio) / RATE)
+    # progress counts each file's silence with its first chunk
+    share = {}
+    for fi, (_, audio) in enumerate(audios):
+        spans = [(a, b) for f, a, b in jobs if f == fi]
+        speech = sum(b - a for a, b in spans)
+        share[fi] = (len(audio) / RATE) / max(speech / RATE, 1e-9) if spans else 0.0
+    order = sorted(range(len(jobs)), key=lambda j: jobs[j][2] - jobs[j][1], reverse=True)
+    texts: dict[int, str] = {}
+    for at in range(0, len(order), max(1, batch_size)):
+        part = order[at : at + batch_size]
+        bufs = [audios[jobs[j][0]][1][jobs[j][1] : jobs[j][2]] for j in part]
+        for j, hyp in zip(part, backend.transcribe_batch(bufs), strict=True):
+            texts[j] = hyp.text.strip()
+        if on_progress is not None:
+            on_progress(sum((jobs[j][2] - jobs[j][1]) / RATE * share[jobs[j][0]] for j in part))
+    for j, (fi, a, b) in enumerate(jobs):
+        if texts.get(j):
+            results[fi].segments.append(Segment(a / RATE, b / RATE, texts[j]))
+    for r in results:
+        r.segments.sort(key=lambda s: s.start)
+    return results
