@@ -153,7 +153,7 @@ class VoiceServer:
 
         try:
             body = await request.json()
-        except (ValueError, web.HTTPException):
+        except ValueError:  # (a body over MAX_OFFER_BYTES is refused by aiohttp with 413)
             raise web.HTTPBadRequest(text="the offer must be JSON: {\"sdp\": …, \"type\": \"offer\"}\n") from None
         if (
             not isinstance(body, dict)

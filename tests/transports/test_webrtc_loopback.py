@@ -1,0 +1,169 @@
+"""The WebRTC transport against an aiortc client in the same process (no browser): signalling,
+Opus audio both ways, events on the data channel, hang-up and teardown."""
+
+import asyncio
+import fractions
+import json
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from transports.server import VoiceServer
+from transports.webrtc.ice import keep_loopback_candidates, rtc_configuration, use_loopback_ice
+from transports.webrtc.inbound import InboundAudio
+
+
+class SineTrack(MediaStreamTrack):
+    """The caller: 300 Hz at amplitude 8000, 20 ms frames at 48 kHz, paced in real time."""
+
+    kind = "audio"
+
+    def __init__(self):
+        super().__init__()
+        self.pts = 0
+        self.t0 = None
+
+    async def recv(self):
+        if self.readyState != "live":
+            raise MediaStreamError
+        loop = asyncio.get_running_loop()
+        if self.t0 is None:
+            self.t0 = loop.time()
+        await asyncio.sleep(max(0.0, self.t0 + self.pts / 48000 - loop.time()))
+        t = (np.arange(960) + self.pts) / 48000
+        pcm = (8000 * np.sin(2 * np.pi * 300 * t)).astype(np.int16).reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = 48000, self.pts, fractions.Fraction(1, 48000)
+        self.pts += 960
+        return frame
+
+
+async def _wait(pred, timeout=10.0):
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.02)
+
+
+def test_webrtc_call_audio_both_ways_events_and_hangup(new_session, pool):
+    async def main():
+        use_loopback_ice()
+        server = VoiceServer(new_session, port=0)
+        await server.start()
+        pc = RTCPeerConnection(rtc_configuration())
+        events, heard = [], []
+        channel = pc.createDataChannel("events")
+        channel.on("message", lambda m: events.append(json.loads(m)))
+        pc.addTrack(SineTrack())
+
+        async def listen(track):
+            inbound = InboundAudio()
+            while True:
+                try:
+                    frame = await track.recv()
+                except MediaStreamError:
+                    return
+                heard.extend(inbound.feed(frame))
+
+        pc.on("track", lambda track: asyncio.ensure_future(listen(track)))
+        await pc.setLocalDescription(await pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(f"http://127.0.0.1:{server.port}/offer",
+                                json={"sdp": pc.localDescription.sdp, "type": "offer"})
+            assert r.status == 200
+            answer = await r.json()
+        assert "a=candidate" in answer["sdp"]
+        await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+
+        await _wait(lambda: any(e["type"] == "trace" for e in events))
+        assert events[0]["type"] == "ready" and events[0]["session"] == answer["session"]
+        final = next(e for e in events if e["type"] == "transcript")
+        assert int(final["text"].split()[1]) > 4000  # our sine reached the agent through Opus
+        trace = next(e for e in events if e["type"] == "trace")
+        assert trace["kind"] == "turn" and "transport_send" in trace["spans"]
+
+        def agent_tone_heard():
+            loud = [f for f in heard if np.abs(f.astype(np.int32)).max() > 3000]
+            return len(loud) >= 5
+
+        await _wait(agent_tone_heard)  # the agent's 440 Hz reached us through Opus
+        assert len(server.calls) == 1 and len(pool.free) == 63
+        session = new_session.sessions[0]
+
+        channel.send(json.dumps({"type": "hangup"}))
+        await _wait(lambda: not server.calls)
+        assert session.closed and not session.ctx.tasks and len(pool.free) == 64
+        await pc.close()
+        await server.stop()
+
+    asyncio.run(main())
+
+
+def test_a_peer_that_vanishes_frees_its_session(new_session, pool):
+    async def main():
+        use_loopback_ice()
+        server = VoiceServer(new_session, port=0)
+        await server.start()
+        pc = RTCPeerConnection(rtc_configuration())
+        pc.createDataChannel("events")
+        pc.addTrack(SineTrack())
+        await pc.setLocalDescription(await pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(f"http://127.0.0.1:{server.port}/offer",
+                                json={"sdp": pc.localDescription.sdp, "type": "offer"})
+            answer = await r.json()
+        await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+        await _wait(lambda: new_session.sessions[0].agent.frames > 10)
+        await pc.close()  # no hang-up message: the peer is just gone
+        await _wait(lambda: not server.calls, timeout=20)
+        assert len(pool.free) == 64 and new_session.sessions[0].closed
+        await server.stop()
+
+    asyncio.run(main())
+
+
+def test_bad_offers_are_refused_and_leave_nothing_behind(new_session, pool):
+    async def main():
+        server = VoiceServer(new_session, port=0)
+        await server.start()
+        url = f"http://127.0.0.1:{server.port}/offer"
+        async with aiohttp.ClientSession() as http:
+            for body in [b"{nope", b'{"type": "offer"}', b'{"sdp": "v=0", "type": "answer"}']:
+                r = await http.post(url, data=body, headers={"Content-Type": "application/json"})
+                assert r.status == 400 and "offer" in await r.text()
+            r = await http.post(url, json={"sdp": "this is not sdp", "type": "offer"})
+            assert r.status == 400 and "cannot answer" in await r.text()
+            r = await http.post(url, data=b"x" * (1 << 20))
+            assert r.status == 413
+        assert not server.calls and len(pool.free) == 64
+        await server.stop()
+
+    asyncio.run(main())
+
+
+def test_only_loopback_candidates_are_kept():
+    sdp = "\r\n".join([
+        "v=0",
+        "a=candidate:1 1 udp 2122260223 127.0.0.1 50000 typ host",
+        "a=candidate:2 1 udp 2122194687 10.0.0.7 50001 typ host",
+        "a=candidate:3 1 udp 2122194687 abcd.local 50002 typ host",
+        "a=end-of-candidates",
+    ])
+    kept = keep_loopback_candidates(sdp).split("\r\n")
+    assert kept == ["v=0", "a=candidate:1 1 udp 2122260223 127.0.0.1 50000 typ host",
+                    "a=end-of-candidates"]
+
+
+def test_inbound_audio_is_cut_into_whole_20ms_frames_at_16k():
+    inbound = InboundAudio()
+    out = []
+    for k in range(10):
+        stereo = np.full((1, 1920), 1000, np.int16)  # packed s16 stereo, 960 samples per channel
+        frame = av.AudioFrame.from_ndarray(stereo, format="s16", layout="stereo")
+        frame.sample_rate, frame.pts = 48000, k * 960
+        out.extend(inbound.feed(frame))
+    assert all(len(f) == 320 and f.dtype == np.int16 for f in out)
+    assert 8 <= len(out) <= 10  # the resampler keeps a few samples back
+    assert abs(int(out[-1][160]) - 1000) < 50

@@ -1,0 +1,162 @@
+"""One browser call over WebRTC: an aiortc peer connection answering the browser's offer.
+
+Caller audio arrives as Opus on the browser's microphone track and is fed to the session at
+16 kHz; the agent's audio leaves on a real-time :class:`~transports.webrtc.track.PlayoutTrack`;
+the browser's data channel carries the same JSON events as the WebSocket transport, and the
+client's ``hangup``/``ping``. The call ends when the peer connection fails or closes, the data
+channel closes, the caller's track ends, or the client hangs up; :meth:`close` is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from agent.session import Session
+from transports.call_events import CallEvents, ready_event
+from transports.webrtc.inbound import InboundAudio
+from transports.webrtc.track import PlayoutTrack
+from transports.websocket import codec
+
+log = logging.getLogger("voxline.webrtc")
+
+# events held until the data channel opens, and the most the channel may buffer before events
+# are dropped (counted) for a client that does not read
+MAX_PENDING_EVENTS = 256
+MAX_CHANNEL_BUFFER = 256 * 1024
+
+
+class WebRTCCall:
+    def __init__(
+        self,
+        session: Session,
+        configuration: RTCConfiguration,
+        on_closed: Callable[[WebRTCCall], None] | None = None,
+    ) -> None:
+        self.session = session
+        self.pc = RTCPeerConnection(configuration=configuration)
+        self.track = PlayoutTrack(session.playout)
+        self.channel: RTCDataChannel | None = None
+        self.events: CallEvents | None = None
+        self.frames_in = 0
+        self.dropped_events = 0
+        self.bad_messages = 0
+        self.end_reason = ""
+        self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._on_closed = on_closed
+        self._closing: asyncio.Task[None] | None = None
+        self.closed = asyncio.Event()
+        self.pc.on("track", self._on_track)
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("connectionstatechange", self._on_state)
+
+    async def answer(self, sdp: str, kind: str = "offer") -> RTCSessionDescription:
+        """Start the session and answer the browser's offer (ICE gathered: no trickle)."""
+        await self.session.start()
+        self.events = CallEvents(self.session, self._send_event)
+        self.events.emit(ready_event(self.session))
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=kind))
+        self.pc.addTrack(self.track)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return self.pc.localDescription
+
+    # --- events out --------------------------------------------------------------------------
+    def _send_event(self, text: str) -> None:
+        ch = self.channel
+        if ch is None or ch.readyState != "open":
+            if len(self._pending) == self._pending.maxlen:
+                self.dropped_events += 1
+            self._pending.append(text)
+        elif ch.bufferedAmount > MAX_CHANNEL_BUFFER:
+            self.dropped_events += 1
+        else:
+            ch.send(text)
+
+    def _flush_pending(self) -> None:
+        ch = self.channel
+        while self._pending and ch is not None and ch.readyState == "open":
+            ch.send(self._pending.popleft())
+
+    # --- peer connection callbacks ---------------------------------------------------------
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._consume(track))
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        self.channel = channel
+        channel.on("open", self._flush_pending)
+        channel.on("message", self._on_message)
+        channel.on("close", lambda: self.close_soon("data channel closed"))
+        if channel.readyState == "open":
+            self._flush_pending()
+
+    def _on_message(self, message: str | bytes) -> None:
+        m = codec.decode_text(message) if isinstance(message, str) else codec.BadMessage(
+            "binary data channel messages are not part of the protocol (audio goes on the track)"
+        )
+        if isinstance(m, codec.ControlMessage):
+            if m.type == "hangup":
+                self.close_soon("hangup")
+            elif m.type == "ping" and self.events is not None:
+                self.events.emit({"type": "pong", "t": m.data.get("t")})
+        elif isinstance(m, codec.BadMessage):
+            self.bad_messages += 1
+            if self.events is not None:
+                self.events.emit(codec.error_event(m.reason))
+
+    async def _on_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self.close_soon(f"connection {self.pc.connectionState}")
+
+    async def _consume(self, track: MediaStreamTrack) -> None:
+        inbound = InboundAudio()
+        session = self.session
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                self.close_soon("caller track ended")
+                return
+            now = time.monotonic_ns()
+            for pcm in inbound.feed(frame):
+                session.send_audio(pcm, now)
+                self.frames_in += 1
+
+    # --- teardown --------------------------------------------------------------------------
+    def close_soon(self, reason: str) -> None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self.close(reason))
+
+    async def close(self, reason: str = "hangup") -> None:
+        if self.end_reason:
+            await self.closed.wait()
+            return
+        self.end_reason = reason
+        try:
+            if self.events is not None:
+                self.events.detach()
+            self.track.stop()
+            current = asyncio.current_task()
+            tasks = [t for t in self._tasks if t is not current]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.pc.close()
+        finally:
+            await self.session.close(reason)
+            self.closed.set()
+            if self._on_closed is not None:
+                self._on_closed(self)
