@@ -25,7 +25,6 @@ from agent.frames import (
 )
 from agent.stage import DOWN, Stage
 
-
 # How far a final's ``end`` may fall short of the VAD's end of speech and still count as covering
 # it: the ASR cuts audio on 20 ms frames, the VAD decides on 32 ms windows.
 COVER_SLACK = 512
@@ -256,7 +255,8 @@ class TurnDetector(Stage):
         self.turns += 1
         trace = self.ctx.trace
         if trace is not None:
-            trace.begin_turn(speech_end=stop.speech_end_ns, vad_decision=stop.t_ns,
-                             asr_final=self._last_final_ns)
+            trace.begin_turn(
+                speech_end=stop.speech_end_ns, vad_decision=stop.t_ns, asr_final=self._last_final_ns
+            )
             trace.note(text=text)
         self.push(UserTurnEnded(text), DOWN)

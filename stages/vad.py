@@ -165,27 +165,32 @@ class VADStage(Stage):
         """The frame's samples as int16 or float32 mono, or None (after an ErrorFrame)."""
         pcm = frame.pcm
         if frame.sample_rate != SAMPLE_RATE:
-            return self._reject(
+            self._reject(
                 f"rate:{frame.sample_rate}",
                 f"VAD got {frame.sample_rate} Hz audio; the pipeline carries {SAMPLE_RATE} Hz — "
                 f"resample in the transport",
             )
+            return None
         if not isinstance(pcm, np.ndarray):
-            return self._reject("type", f"VAD got AudioIn.pcm of type {type(pcm).__name__}; "
-                                        f"expected an int16 numpy array")
+            self._reject(
+                "type",
+                f"VAD got AudioIn.pcm of type {type(pcm).__name__}; expected an int16 numpy array",
+            )
+            return None
         if pcm.ndim != 1:
-            if pcm.ndim == 2 and 1 in pcm.shape:
-                pcm = pcm.reshape(-1)
-            else:
-                return self._reject("shape", f"VAD got audio of shape {pcm.shape}; expected mono")
+            if pcm.ndim != 2 or 1 not in pcm.shape:
+                self._reject("shape", f"VAD got audio of shape {pcm.shape}; expected mono")
+                return None
+            pcm = pcm.reshape(-1)
         if pcm.dtype == np.int16 or pcm.dtype == np.float32:
             return pcm
         if pcm.dtype.kind == "f":
             return pcm.astype(np.float32)
-        return self._reject(
+        self._reject(
             f"dtype:{pcm.dtype}",
             f"VAD got {pcm.dtype} audio; expected int16 PCM (or float in [-1, 1])",
         )
+        return None
 
     def _reject(self, kind: str, message: str) -> None:
         self.rejected += 1
@@ -193,7 +198,6 @@ class VADStage(Stage):
         if kind not in self._reported:
             self._reported.add(kind)
             self.push_error(message)
-        return None
 
     def _consume(self, pcm: np.ndarray, offset: int, t_ns: int) -> None:
         if offset != self._next:
@@ -259,5 +263,6 @@ class VADStage(Stage):
             self._reset_speech()
 
     def _stop(self, at: int) -> None:
-        self.push(SpeechStopped(at, started_at=self._started_at,
-                                speech_end_ns=self._speech_end_ns), DOWN)
+        self.push(
+            SpeechStopped(at, started_at=self._started_at, speech_end_ns=self._speech_end_ns), DOWN
+        )

@@ -89,8 +89,9 @@ class Call:
         self.audio(40)
         self.send(SpeechPaused(end, t_ns=self.tick()))
         self.audio(VAD_STOP_MS - 40)
-        return self.send(SpeechStopped(end, started_at=started_at, speech_end_ns=held,
-                                       t_ns=self.tick()))  # type: ignore[return-value]
+        return self.send(
+            SpeechStopped(end, started_at=started_at, speech_end_ns=held, t_ns=self.tick())
+        )  # type: ignore[return-value]
 
     def say(self, ms: int) -> SpeechStopped:
         at = self.speech_start()
@@ -107,7 +108,7 @@ class Call:
         return [f.text for f in self.out if isinstance(f, UserTurnEnded)]
 
 
-# --- endpointing ---------------------------------------------------------------------------------
+# --- endpointing ---
 
 
 @pytest.mark.parametrize("silence_ms", [0, 300, 800, 1500])
@@ -167,6 +168,18 @@ def test_a_late_final_for_the_first_segment_does_not_end_the_turn_early() -> Non
     assert call.ends() == ["first part second part"]
 
 
+def test_a_final_for_an_earlier_segment_does_not_cover_the_last_one() -> None:
+    call = Call(TurnConfig(silence_ms=300))
+    first = call.say(800)
+    call.audio(100)
+    second = call.say(600)  # both segments are over before the ASR delivers anything
+    call.final("first part", first.started_at, first.at)
+    call.audio(500)
+    assert call.ends() == []
+    call.final("second part", second.started_at, second.at)
+    assert call.ends() == ["first part second part"]
+
+
 def test_a_final_before_the_stop_counts_when_it_covers_the_end_of_speech() -> None:
     # An ASR that transcribes on SpeechPaused delivers the final before SpeechStopped.
     call = Call(TurnConfig(silence_ms=300))
@@ -179,7 +192,9 @@ def test_a_final_before_the_stop_counts_when_it_covers_the_end_of_speech() -> No
     call.audio(VAD_STOP_MS - 40)
     assert call.ends() == []
     stop = call.send(SpeechStopped(end, started_at=at))
-    assert call.ends() == ["early bird"] and call.out[-1] == UserTurnEnded("early bird", t_ns=call.out[-1].t_ns)
+    assert call.ends() == ["early bird"] and call.out[-1] == UserTurnEnded(
+        "early bird", t_ns=call.out[-1].t_ns
+    )
     assert call.out.index(stop) == len(call.out) - 2
 
 
@@ -230,7 +245,7 @@ def test_transcripts_are_forwarded() -> None:
     assert partial in call.out and final in call.out
 
 
-# --- trace -----------------------------------------------------------------------------------------
+# --- trace ---
 
 
 def test_a_turn_opens_a_trace_turn_with_the_vad_and_asr_times() -> None:
@@ -252,7 +267,7 @@ def test_a_turn_opens_a_trace_turn_with_the_vad_and_asr_times() -> None:
     assert record["spans"]["voice_to_voice"]["ms"] == 900.0
 
 
-# --- barge-in ----------------------------------------------------------------------------------------
+# --- barge-in ---
 
 
 def bot_speaking(call: Call) -> None:
@@ -361,7 +376,7 @@ def test_an_agent_that_stops_mid_blip_makes_the_speech_a_turn() -> None:
     assert call.turn.interrupts == 0 and call.ends() == ["so anyway"]
 
 
-# --- everything else ------------------------------------------------------------------------------
+# --- everything else ---
 
 
 def test_other_frames_pass_through_both_ways() -> None:
@@ -398,13 +413,21 @@ def test_speech_that_resumes_after_a_pause_over_the_agent_still_interrupts() -> 
     assert interrupt.at == at and call.turn.interrupts == 1
 
 
-# --- with the real VAD ---------------------------------------------------------------------------
+# --- with the real VAD ---
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CLIPS = {  # clip -> (speech start s, speech end s, what is said); see tests/stages/test_vad.py
     "ls-test-clean-4507-16021-0012": (0.58, 2.54, "why should one halt on the way"),
-    "ls-dev-clean-1988-24833-0000": (0.48, 3.06, "the two stray kittens gradually make themselves at home"),
-    "ls-dev-clean-1272-128104-0000": (0.55, 5.41, "mister quilter is the apostle of the middle classes"),
+    "ls-dev-clean-1988-24833-0000": (
+        0.48,
+        3.06,
+        "the two stray kittens gradually make themselves at home",
+    ),
+    "ls-dev-clean-1272-128104-0000": (
+        0.55,
+        5.41,
+        "mister quilter is the apostle of the middle classes",
+    ),
 }
 
 
@@ -423,7 +446,9 @@ class ScriptedASR(Stage):
     def process(self, frame: Frame, direction: Direction) -> None:
         self.push(frame, direction)
         if isinstance(frame, SpeechStopped):
-            self.push(Transcript(next(self.texts), final=True, start=frame.started_at, end=frame.at))
+            self.push(
+                Transcript(next(self.texts), final=True, start=frame.started_at, end=frame.at)
+            )
 
 
 @pytest.fixture(scope="module")
@@ -445,12 +470,19 @@ def conversation() -> tuple[np.ndarray, list[int]]:
     return np.concatenate(parts), ends
 
 
-def run_call(vad_model: SileroModel, turn: TurnDetector, pcm: np.ndarray,
-             trace: Trace | None = None, bot_at: int | None = None) -> list[Frame]:
+def run_call(
+    vad_model: SileroModel,
+    turn: TurnDetector,
+    pcm: np.ndarray,
+    trace: Trace | None = None,
+    bot_at: int | None = None,
+) -> list[Frame]:
     out: list[Frame] = []
     texts = [t for _, _, t in CLIPS.values()]
-    pipe = Pipeline([VADStage(VADConfig(), model=vad_model.fork()), ScriptedASR(texts), turn],
-                    on_output=out.append)
+    pipe = Pipeline(
+        [VADStage(VADConfig(), model=vad_model.fork()), ScriptedASR(texts), turn],
+        on_output=out.append,
+    )
     asyncio.run(pipe.start(StageContext(trace=trace)))
     for i in range(0, len(pcm), FRAME):
         if bot_at is not None and i == bot_at:
@@ -473,7 +505,7 @@ def test_real_speech_short_silence_gives_a_turn_per_utterance(vad_model, convers
             audio_end = f.end
         elif isinstance(f, UserTurnEnded):
             decided.append(audio_end)
-    for at, end in zip(decided, ends):
+    for at, end in zip(decided, ends, strict=True):
         assert abs(at - (end + 500 * MS)) <= 250 * MS + FRAME
     assert len(trace.turns) == 2 and trace.current is not None  # each new turn closes the last
 

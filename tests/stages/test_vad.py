@@ -104,18 +104,20 @@ def segments(frames: list[Frame]) -> list[tuple[int, int]]:
 
 def assert_matches(found: list[tuple[int, int]], expected: list[tuple[int, int]]) -> None:
     assert len(found) == len(expected), (found, expected)
-    for (fs, fe), (es, ee) in zip(found, expected):
+    for (fs, fe), (es, ee) in zip(found, expected, strict=True):
         assert abs(fs - es) <= TOLERANCE, f"start {fs / SR:.3f}s vs reference {es / SR:.3f}s"
         assert abs(fe - ee) <= TOLERANCE, f"end {fe / SR:.3f}s vs reference {ee / SR:.3f}s"
 
 
-# --- the model -----------------------------------------------------------------------------------
+# --- the model ---
 
 
 def test_model_scores_speech_high_and_silence_low(model: SileroModel) -> None:
     clip = read_clip("ls-dev-clean-1988-24833-0000").astype(np.float32) / 32768
     model.reset()
-    probs = np.array([model.prob(clip[i : i + WINDOW]) for i in range(0, len(clip) - WINDOW, WINDOW)])
+    probs = np.array(
+        [model.prob(clip[i : i + WINDOW]) for i in range(0, len(clip) - WINDOW, WINDOW)]
+    )
     t = (np.arange(len(probs)) * WINDOW + WINDOW / 2) / SR
     assert probs[(t > 1.0) & (t < 2.5)].mean() > 0.8
     assert probs[t < 0.3].max() < 0.2
@@ -123,8 +125,48 @@ def test_model_scores_speech_high_and_silence_low(model: SileroModel) -> None:
     assert model.prob(np.zeros(WINDOW, dtype=np.float32)) < 0.1
 
 
+# The first 24 windows of ls-test-clean-4507-16021-0012 as scored by the silero-vad package's
+# own wrapper (silero_vad.utils_vad.OnnxWrapper, silero-vad 6.2.3, with torch), rounded to 4
+# places: the torch-free path must reproduce them, context and state included.
+REFERENCE_PROBS = [
+    0.0327,
+    0.0146,
+    0.0094,
+    0.0608,
+    0.0161,
+    0.009,
+    0.0061,
+    0.0047,
+    0.0053,
+    0.0067,
+    0.007,
+    0.0093,
+    0.0084,
+    0.0094,
+    0.0084,
+    0.0141,
+    0.0282,
+    0.0375,
+    0.7986,
+    0.991,
+    0.9989,
+    0.9989,
+    0.9996,
+    0.9999,
+]
+
+
+def test_model_matches_the_packages_own_wrapper(model: SileroModel) -> None:
+    clip = read_clip("ls-test-clean-4507-16021-0012").astype(np.float32) / 32768
+    model.reset()
+    probs = [model.prob(clip[i : i + WINDOW]) for i in range(0, 24 * WINDOW, WINDOW)]
+    np.testing.assert_allclose(probs, REFERENCE_PROBS, atol=3e-4)
+
+
 def test_model_reset_makes_results_repeatable(model: SileroModel) -> None:
-    clip = read_clip("ls-test-clean-4507-16021-0012")[SR : SR + 8 * WINDOW].astype(np.float32) / 32768
+    clip = (
+        read_clip("ls-test-clean-4507-16021-0012")[SR : SR + 8 * WINDOW].astype(np.float32) / 32768
+    )
     windows = clip.reshape(-1, WINDOW)
     model.reset()
     first = [model.prob(w) for w in windows]
@@ -143,7 +185,7 @@ def test_forks_share_the_session_but_not_the_state(model: SileroModel) -> None:
     alone = [model.prob(w) for w in a.reshape(-1, WINDOW)]
     one, two = model.fork(), model.fork()
     interleaved = []
-    for wa, wb in zip(a.reshape(-1, WINDOW), b.reshape(-1, WINDOW)):
+    for wa, wb in zip(a.reshape(-1, WINDOW), b.reshape(-1, WINDOW), strict=True):
         interleaved.append(one.prob(wa))
         two.prob(wb)
     assert interleaved == alone
@@ -158,7 +200,9 @@ def test_model_rejects_a_wrong_window_size(model: SileroModel) -> None:
 def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "silero_vad" else real(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "silero_vad" else real(name, *a),
     )
     with pytest.raises(MissingExtraError, match=r"voxline\[embedded\]") as err:
         SileroModel(VADConfig())
@@ -176,7 +220,7 @@ def test_missing_model_file_is_reported(tmp_path: Path) -> None:
         SileroModel(VADConfig(), path=tmp_path / "nope.onnx")
 
 
-# --- the stage on real speech --------------------------------------------------------------------
+# --- the stage on real speech ---
 
 
 def test_one_utterance_gives_one_segment(model: SileroModel) -> None:
@@ -263,13 +307,13 @@ def test_end_of_call_in_speech_flushes_a_stop(model: SileroModel) -> None:
     pcm = read_clip("ls-dev-clean-1988-24833-0000")[: 2 * SR]  # cut mid-sentence
     out = run(stage, pcm, end_call=True)
     assert isinstance(out[-1], EndOfCall) and isinstance(out[-2], SpeechStopped)
-    (start, end), = segments(out)
+    ((start, end),) = segments(out)
     assert abs(start - int(0.48 * SR)) <= TOLERANCE
     assert 2 * SR - WINDOW - 320 <= end <= 2 * SR
     assert not stage.in_speech
 
 
-# --- bad input -----------------------------------------------------------------------------------
+# --- bad input ---
 
 
 def test_float_audio_is_converted(model: SileroModel) -> None:
