@@ -57,6 +57,7 @@ def backend_class(kind: str, name: str) -> Any:
 class Models:
     """The models one process loads once and every session shares."""
 
+    vad: Any
     asr: Any
     llm: Any
     tts: Any
@@ -64,21 +65,22 @@ class Models:
 
 def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Models:
     """Load and warm up the configured backends (slow: seconds)."""
+    vad = load(STAGES["vad_model"])(cfg.vad)  # one session; each call forks its own state
     asr = backend_class("asr", cfg.asr.backend)(cfg.asr)
     llm = backend_class("llm", cfg.llm.backend)(cfg.llm) if need_llm else None
     tts = backend_class("tts", cfg.tts.backend)(cfg.tts) if need_tts else None
     for m in (asr, llm, tts):
         if m is not None and hasattr(m, "warmup"):
             m.warmup()
-    return Models(asr=asr, llm=llm, tts=tts)
+    return Models(vad=vad, asr=asr, llm=llm, tts=tts)
 
 
 def build_pipeline(cfg: Config, models: Models) -> Pipeline:
     """VAD → streaming ASR → turn detection → LLM → TTS, one per call."""
     stages = [
-        load(STAGES["vad"])(cfg.vad),
+        load(STAGES["vad"])(cfg.vad, model=models.vad.fork()),
         load(STAGES["asr"])(models.asr, cfg.asr),
-        load(STAGES["turn"])(cfg.turn),
+        load(STAGES["turn"])(cfg.turn, vad_stop_ms=cfg.vad.stop_ms),
         load(STAGES["llm"])(models.llm, cfg.llm, cfg.agent),
         load(STAGES["tts"])(models.tts, cfg.tts),
     ]
