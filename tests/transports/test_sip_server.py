@@ -1,0 +1,128 @@
+"""The SIP/RTP shell over real UDP sockets on 127.0.0.1, with a small agent that speaks back
+what it hears: a call is set up, audio flows both ways paced at 20 ms, DTMF becomes a frame,
+bad SIP and bad RTP are answered or counted, and BYE frees the session."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+from sip_requests import SDP_OFFER, request
+
+from agent.frames import AudioIn, Direction, Dtmf, TTSAudio
+from agent.pipeline import Pipeline
+from agent.session import Session
+from agent.stage import Stage
+from transports.g711 import ulaw_decode, ulaw_encode
+from transports.rtp.dtmf import TelephoneEvent
+from transports.rtp.packet import Packetizer, parse_rtp
+from transports.sip.message import parse_sip
+from transports.sip.server import SipServer
+
+
+class SpeakBack(Stage):
+    """Answers every caller frame with the same audio (the agent's voice in this test)."""
+
+    name = "speak_back"
+
+    def __init__(self, seen: list) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def process(self, frame, direction) -> None:
+        if isinstance(frame, AudioIn):
+            self.push(TTSAudio(frame.pcm), Direction.DOWNSTREAM)
+        elif isinstance(frame, Dtmf):
+            self.seen.append(frame)
+        else:
+            self.push(frame, direction)
+
+
+def udp(port: int = 0) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", port))
+    s.setblocking(False)
+    return s
+
+
+async def recv_sip(loop, sock, want: int) -> list:
+    got = []
+    while len(got) < want:
+        data = await asyncio.wait_for(loop.sock_recv(sock, 65535), 5)
+        got.append(parse_sip(data))
+    return got
+
+
+def test_call_over_udp() -> None:
+    asyncio.run(_call())
+
+
+async def _call() -> None:
+    loop = asyncio.get_running_loop()
+    dtmf: list = []
+    sessions: list[Session] = []
+    server = SipServer(lambda: Session(Pipeline([SpeakBack(dtmf)])), port=0,
+                       rtp_ports=(42000, 42100), on_call=lambda cid, s: sessions.append(s))
+    host, port = await server.start()
+    sip, rtp = udp(), udp()
+    offer = SDP_OFFER.replace("m=audio 6000", f"m=audio {rtp.getsockname()[1]}")
+    try:
+        # malformed requests first: answered, never fatal
+        sip.sendto(request("INVITE", body=offer, drop=("From",)), (host, port))
+        sip.sendto(request("INVITE", body="x" * 20000), (host, port))
+        sip.sendto(request("INVITE", body=offer, content_length=len(offer) + 50), (host, port))
+        bad = await recv_sip(loop, sip, 3)
+        assert sorted(m.status for m in bad) == [400, 400, 513]
+
+        sip.sendto(request("INVITE", body=offer), (host, port))
+        trying, ringing, ok = await recv_sip(loop, sip, 3)
+        assert (trying.status, ringing.status, ok.status) == (100, 180, 200)
+        media_port = int(ok.body.decode().split("m=audio ")[1].split()[0])
+        tag = ok.header("To").split("tag=")[1]
+        sip.sendto(request("ACK", to_tag=tag), (host, port))
+
+        # 1 s of a 440 Hz tone as μ-law RTP, then junk, then DTMF '7' with three end packets
+        tone = (8000 * np.sin(2 * np.pi * 440 * np.arange(8000) / 8000)).astype(np.int16)
+        out = Packetizer(0)
+        for i in range(50):
+            pkt = out.packet(ulaw_encode(tone[i * 160:(i + 1) * 160]), marker=i == 0)
+            rtp.sendto(pkt.to_bytes(), ("127.0.0.1", media_port))
+            await asyncio.sleep(0.02)
+        for junk in (b"", b"\x00" * 5, b"\x40" + b"\x00" * 20):
+            rtp.sendto(junk, ("127.0.0.1", media_port))
+        ev = Packetizer(101)
+        for i, end in enumerate([False, False, True, True, True]):
+            payload = TelephoneEvent(7, end, 10, 160 * (i + 1)).to_bytes()
+            rtp.sendto(ev.packet(payload).to_bytes(), ("127.0.0.1", media_port))
+            ev.timestamp -= 160  # one event: every packet carries its start timestamp
+        await asyncio.sleep(0.5)
+
+        received = []
+        while True:
+            try:
+                received.append(parse_rtp(rtp.recv(2048)))
+            except BlockingIOError:
+                break
+        speech = [p for p in received if np.abs(ulaw_decode(p.payload)).max() > 1000]
+        assert len(received) >= 40 and len(speech) >= 30
+        assert all(p.payload_type == 0 and len(p.payload) == 160 for p in received)
+        seqs = [p.sequence for p in received]
+        assert all((b - a) & 0xFFFF == 1 for a, b in zip(seqs, seqs[1:], strict=False))
+        assert [d.digit for d in dtmf] == ["7"]
+        call = next(iter(server.calls.values()))
+        assert call.media.stats.malformed == 3 and call.media.stats.dtmf == "7"
+
+        sip.sendto(request("BYE", cseq=2, to_tag=tag), (host, port))
+        (bye_ok,) = await recv_sip(loop, sip, 1)
+        assert bye_ok.status == 200
+        for _ in range(50):
+            if server.reports:
+                break
+            await asyncio.sleep(0.02)
+        assert server.calls == {} and sessions[0].closed
+        assert server.reports[0].reason == "bye" and server.crashes == 0
+    finally:
+        sip.close()
+        rtp.close()
+        await server.stop()

@@ -1,0 +1,80 @@
+"""Telephone audio ↔ pipeline audio: 8 kHz G.711 packets to 16 kHz int16 PCM and back, through
+streaming soxr resamplers that keep their filter state across 20 ms packets.
+
+soxr's default (fixed-rate) mode releases output in ~100 ms blocks, which would add that much
+to every turn; its variable-rate mode (``vr=True``) hands back every packet's worth within one
+packet, with the same anti-aliasing (a 6 kHz tone at 16 kHz comes out ~-80 dB at 8 kHz).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transports.g711 import G711Codec
+
+NARROWBAND_RATE = 8_000
+PIPELINE_RATE = 16_000
+PACKET_SAMPLES = 160  # 20 ms at 8 kHz: one RTP packet or one Twilio media chunk
+
+
+def _stream(in_rate: int, out_rate: int) -> object:
+    from agent.errors import require
+
+    soxr = require("soxr", what="telephone audio resampling", extra="web")
+    return soxr.ResampleStream(in_rate, out_rate, 1, dtype="int16", quality="HQ", vr=True)
+
+
+class NarrowbandDecoder:
+    """G.711 payloads in, 16 kHz int16 PCM out (about twice as many samples as bytes in)."""
+
+    def __init__(self, codec: G711Codec) -> None:
+        self.codec = codec
+        self._up = _stream(NARROWBAND_RATE, PIPELINE_RATE)
+
+    def decode(self, payload: bytes) -> np.ndarray:
+        return self._up.resample_chunk(self.codec.decode(payload))  # type: ignore[attr-defined]
+
+    def conceal(self, samples: int = PACKET_SAMPLES) -> np.ndarray:
+        """A lost packet: silence of the same length keeps the media clock honest."""
+        return self._up.resample_chunk(np.zeros(samples, np.int16))  # type: ignore[attr-defined]
+
+
+class NarrowbandEncoder:
+    """16 kHz int16 PCM in, whole 160-byte G.711 packets out.
+
+    The resampler's output does not line up with 20 ms boundaries (it holds a few ms back), so
+    leftover 8 kHz samples wait in a small FIFO for the next frame; ``drain`` pads the tail of an
+    utterance with silence so no agent audio is left behind.
+    """
+
+    def __init__(self, codec: G711Codec) -> None:
+        self.codec = codec
+        self._down = _stream(PIPELINE_RATE, NARROWBAND_RATE)
+        self._fifo = np.zeros(0, np.int16)
+
+    def encode(self, pcm16k: np.ndarray) -> list[bytes]:
+        narrow = self._down.resample_chunk(pcm16k)  # type: ignore[attr-defined]
+        self._fifo = np.concatenate([self._fifo, narrow]) if len(self._fifo) else narrow
+        out: list[bytes] = []
+        while len(self._fifo) >= PACKET_SAMPLES:
+            out.append(self.codec.encode(self._fifo[:PACKET_SAMPLES]))
+            self._fifo = self._fifo[PACKET_SAMPLES:]
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self._fifo)
+
+    def drain(self) -> bytes | None:
+        """The leftover samples as one packet padded with silence, or None when there are none."""
+        if not len(self._fifo):
+            return None
+        pad = np.zeros(PACKET_SAMPLES, np.int16)
+        pad[: len(self._fifo)] = self._fifo
+        self._fifo = np.zeros(0, np.int16)
+        return self.codec.encode(pad)
+
+    def reset(self) -> None:
+        """Barge-in: forget the buffered tail and the filter history of the flushed audio."""
+        self._down = _stream(PIPELINE_RATE, NARROWBAND_RATE)
+        self._fifo = np.zeros(0, np.int16)

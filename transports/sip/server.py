@@ -1,0 +1,210 @@
+"""The asyncio UDP shell around the sans-I/O ``UserAgentServer``: one SIP socket for every call,
+one RTP socket and one ``Session`` per call, created on INVITE and freed on BYE or CANCEL."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.session import Session
+from transports.g711 import PCMA, PCMU
+from transports.rtp.stream import MediaStats, RtpMediaStream
+from transports.sip.sdp import build_answer
+from transports.sip.uas import (
+    Address,
+    CallEnded,
+    CallEstablished,
+    CallOffered,
+    Event,
+    Outgoing,
+    UserAgentServer,
+)
+
+log = logging.getLogger("voxline.sip")
+SessionFactory = Callable[[], Session | Awaitable[Session]]
+
+
+@dataclass(slots=True)
+class SipCall:
+    call_id: str
+    session: Session
+    media: RtpMediaStream
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True, frozen=True)
+class CallReport:
+    """What a finished call leaves behind (for logs, tests and benchmarks)."""
+
+    call_id: str
+    reason: str
+    seconds: float
+    media: MediaStats
+    jitter: dict[str, int]
+    summary: dict[str, Any]
+    turns: list[dict[str, Any]]
+
+
+class SipServer(asyncio.DatagramProtocol):
+    """``await start()`` binds ``host:port``; each call gets an RTP port from ``rtp_ports``.
+
+    ``media_address`` is what the SDP answer tells the caller to send RTP to (the host behind
+    NAT would put its public address there). ``on_call`` sees each new session before it
+    starts, so an application can listen to its frames.
+    """
+
+    def __init__(
+        self,
+        session_factory: SessionFactory,
+        host: str = "127.0.0.1",
+        port: int = 5060,
+        rtp_ports: tuple[int, int] = (40000, 40999),
+        media_address: str = "",
+        max_calls: int = 100,
+        on_call: Callable[[str, Session], None] | None = None,
+        on_end: Callable[[CallReport], None] | None = None,
+    ) -> None:
+        self.session_factory = session_factory
+        self.host, self.port = host, port
+        self.rtp_ports = rtp_ports
+        self.media_address = media_address or host
+        self.on_call = on_call
+        self.on_end = on_end
+        self.uas = UserAgentServer(host, port, max_calls=max_calls)
+        self.calls: dict[str, SipCall] = {}
+        self.reports: list[CallReport] = []
+        self._transport: asyncio.DatagramTransport | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._next_rtp = rtp_ports[0]
+        self.crashes = 0
+
+    # --- life --------------------------------------------------------------------------------
+    async def start(self) -> Address:
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: self, local_addr=(self.host, self.port)
+        )
+        self._transport = transport  # type: ignore[assignment]
+        self.host, self.port = transport.get_extra_info("sockname")[:2]
+        self.uas.host, self.uas.port = self.host, self.port
+        self._timer = loop.create_task(self._timers())
+        return self.host, self.port
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for cid in list(self.calls):
+            self._send(self.uas.hangup(cid))
+            await self._end(cid, "shutdown")
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._transport is not None:
+            self._transport.close()
+
+    async def _timers(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            self._handle(self.uas.poll(time.monotonic()))
+
+    # --- datagrams ---------------------------------------------------------------------------
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        try:
+            self._handle(self.uas.receive(data, addr, time.monotonic()))
+        except Exception:  # a bug here must cost one datagram, never the server
+            self.crashes += 1
+            log.exception("SIP datagram from %s:%d not handled", *addr)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("SIP socket error: %s", exc)
+
+    def _send(self, out: list[Outgoing]) -> None:
+        if self._transport is None:
+            return
+        for o in out:
+            self._transport.sendto(o.data, o.addr)
+
+    def _handle(self, events: list[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, Outgoing):
+                self._send([ev])
+            elif isinstance(ev, CallOffered):
+                self._spawn(self._answer(ev))
+            elif isinstance(ev, CallEstablished):
+                call = self.calls.get(ev.call_id)
+                if call is not None:
+                    call.media.start()
+            elif isinstance(ev, CallEnded):
+                self._spawn(self._end(ev.call_id, ev.reason))
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- calls -------------------------------------------------------------------------------
+    async def _answer(self, offer: CallOffered) -> None:
+        media: RtpMediaStream | None = None
+        session: Session | None = None
+        try:
+            made = self.session_factory()
+            session = await made if inspect.isawaitable(made) else made
+            codec = PCMU if offer.answer.codec == "PCMU" else PCMA
+            media = RtpMediaStream(session, codec, (offer.offer.address, offer.offer.port),
+                                   dtmf_payload_type=offer.answer.telephone_event)
+            port = await self._open_rtp(media)
+            if self.on_call is not None:
+                self.on_call(offer.call_id, session)
+            await session.start()
+        except Exception:
+            log.exception("call %s: could not set up the session", offer.call_id)
+            self._send(self.uas.reject(offer.call_id, 500, "Server Internal Error"))
+            if media is not None:
+                await media.close()
+            if session is not None:
+                await session.close("error")
+            return
+        if offer.call_id not in self.uas.dialogs:  # CANCELled while we were setting up
+            await media.close()
+            await session.close("cancel")
+            return
+        self.calls[offer.call_id] = SipCall(offer.call_id, session, media)
+        answer = build_answer(offer.answer, self.media_address, port)
+        self._send(self.uas.accept(offer.call_id, answer, time.monotonic()))
+
+    async def _open_rtp(self, media: RtpMediaStream) -> int:
+        lo, hi = self.rtp_ports
+        span = (hi - lo) // 2 + 1
+        for _ in range(span):
+            port = self._next_rtp
+            self._next_rtp = port + 2 if port + 2 <= hi else lo  # even ports, RTCP would be +1
+            try:
+                return (await media.open(self.host, port))[1]
+            except OSError:
+                continue
+        raise OSError(f"no free RTP port in {lo}-{hi}")
+
+    async def _end(self, call_id: str, reason: str) -> None:
+        call = self.calls.pop(call_id, None)
+        if call is None:
+            return
+        await call.media.close()
+        summary = await call.session.close(reason)
+        js = call.media.jitter.stats
+        report = CallReport(
+            call_id, reason, time.monotonic() - call.started, call.media.stats,
+            {"received": js.received, "lost": js.lost, "late": js.late,
+             "duplicate": js.duplicate, "reordered": js.reordered},
+            summary, list(call.session.trace.turns),
+        )
+        self.reports.append(report)
+        if self.on_end is not None:
+            self.on_end(report)
+        log.info("call %s ended (%s) after %.1f s", call_id, reason, report.seconds)
