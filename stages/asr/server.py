@@ -1,0 +1,429 @@
+"""asr-serve: the shared ASR engine behind a Unix socket, on ONE event-loop thread.
+
+Connections are asyncio protocols fed into the sans-I/O :mod:`stages.asr.wire` decoder — no
+thread and no task per connection, so thousands of idle connections cost only their buffers.
+Each open stream holds one engine slot; model work runs on the engine's worker thread. The
+OpenAI-compatible HTTP endpoint (:mod:`stages.asr.openai_api`) can share the same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.errors import CapacityError
+from stages.asr import wire
+from stages.asr.engine import ASREngine
+from stages.asr.long_audio import joined, transcribe_long
+from stages.asr.slots import Slot
+from stages.asr.wire import Audio, End, ErrorCode, Open, SharedMemoryFile
+
+log = logging.getLogger("voxline.asr.server")
+
+RATE = wire.SAMPLE_RATE
+OPTIONS = {"partials": bool, "file": bool}
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """One stream of one connection: its slot and where its audio stands."""
+
+    id: int
+    slot: Slot
+    partials: bool = True
+    file: bytearray | None = None  # whole-file mode: PCM16 gathered until END
+    heard: int = 0  # samples received
+    since_partial: int = 0
+    partial_pending: bool = False
+    pieces: list[asyncio.Future] = field(default_factory=list)  # committed parts' finals
+    committed: list[str] = field(default_factory=list)
+    ended: bool = False
+    released: bool = False  # the slot went back to the pool (it may already serve another call)
+
+
+class ASRServer:
+    """Streams over a Unix socket (and HTTP, see :meth:`start_http`) into one shared engine.
+
+    Streaming streams get a partial every ``partial_interval_ms`` of audio and a final at END;
+    past ``max_utterance_s`` the audio so far is committed and the slot starts over, so a
+    stream may be any length. Whole files (OPEN ``{"file": true}`` or a shared-memory segment)
+    are cut into chunks and transcribed as batches.
+    """
+
+    def __init__(
+        self,
+        engine: ASREngine,
+        *,
+        partial_interval_ms: int = 400,
+        max_utterance_s: float = 25.0,
+        max_message: int = wire.MAX_MESSAGE,
+        max_file_s: float = 3600.0,
+        language: str = "en",
+    ) -> None:
+        self.engine = engine
+        self.partial_samples = max(1, int(partial_interval_ms * RATE / 1000))
+        self.utterance_samples = int(max_utterance_s * RATE)
+        self.max_message = max_message
+        self.max_file_samples = int(max_file_s * RATE)
+        self.language = language
+        self.connections: set[Connection] = set()
+        self.protocol_errors = 0
+        self._servers: list[asyncio.AbstractServer] = []
+        self._http: Any = None
+        self.decode_pool: Any = None
+
+    # --- listening ---------------------------------------------------------------------------
+    async def start_unix(self, path: str) -> None:
+        """Listen on the Unix socket ``path`` (a stale socket file there is replaced)."""
+        try:
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        loop = asyncio.get_running_loop()
+        # A deep backlog: a thousand clients connecting at once must not see EAGAIN.
+        srv = await loop.create_unix_server(lambda: Connection(self), path, backlog=4096)
+        self._servers.append(srv)
+        _preload_shared_memory_tracker()
+
+    async def start_http(self, host: str, port: int, max_upload_mb: float = 25.0) -> int:
+        """Serve ``POST /v1/audio/transcriptions`` on ``host:port``; returns the bound port."""
+        from stages.asr.openai_api import start
+
+        self._http, bound = await start(self, host, port, max_upload_mb)
+        return bound
+
+    async def close(self) -> None:
+        for srv in self._servers:
+            srv.close()
+        for conn in list(self.connections):
+            conn.abort()
+        for srv in self._servers:
+            await srv.wait_closed()
+        if self._http is not None:
+            await self._http.cleanup()
+        if self.decode_pool is not None:
+            self.decode_pool.shutdown(wait=False)
+
+    async def __aenter__(self) -> ASRServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: bytes in through the decoder, results out; many streams."""
+
+    def __init__(self, server: ASRServer) -> None:
+        self.server = server
+        self.engine = server.engine
+        self.decoder = wire.Decoder(server.max_message)
+        self.streams: dict[int, Stream] = {}
+        self.refused: set[int] = set()  # streams refused at OPEN: their audio is ignored quietly
+        self.tasks: set[asyncio.Task] = set()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+
+    # --- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        for msg in self.decoder.feed(data):
+            if self.closed:
+                return
+            try:
+                self._handle(msg)
+            except Exception as exc:  # a bug on one connection must not take the server down
+                log.exception("asr-serve: failed on %r", type(msg).__name__)
+                self._send(wire.encode_error(0, ErrorCode.INTERNAL, f"server error: {exc}"))
+                self._close()
+                return
+        if self.decoder.error is not None:
+            self.server.protocol_errors += 1
+            self._send(wire.encode_error(0, ErrorCode.PROTOCOL, f"protocol error: {self.decoder.error}"
+                                         " — closing the connection"))
+            self._close()
+
+    def eof_received(self) -> bool:
+        return False  # half-closed by the client: close; its streams are abandoned
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        for task in self.tasks:
+            task.cancel()
+        for stream in list(self.streams.values()):
+            self._release(stream)
+
+    # --- messages ----------------------------------------------------------------------------
+    def _handle(self, msg: wire.Message) -> None:
+        if isinstance(msg, Audio):
+            self._audio(msg)
+        elif isinstance(msg, Open):
+            self._open(msg)
+        elif isinstance(msg, End):
+            self._end(msg)
+        elif isinstance(msg, SharedMemoryFile):
+            self._shared_memory(msg)
+        else:
+            self._send(wire.encode_error(msg.stream, ErrorCode.BAD_REQUEST,
+                                         f"a client cannot send {type(msg).__name__} messages"))
+
+    def _open(self, msg: Open) -> None:
+        opts = self._options(msg)
+        if opts is None:
+            return
+        stream = self._new_stream(msg.stream)
+        if stream is None:
+            return
+        stream.partials = bool(opts.get("partials", True))
+        if opts.get("file", False):
+            stream.file = bytearray()
+
+    def _options(self, msg: Open) -> dict[str, Any] | None:
+        for key, value in msg.options.items():
+            if key not in OPTIONS or not isinstance(value, OPTIONS[key]):
+                known = ", ".join(f"{k} ({t.__name__})" for k, t in OPTIONS.items())
+                self._refuse(msg.stream, ErrorCode.BAD_REQUEST,
+                             f"bad OPEN option {key!r}={value!r} (known: {known})")
+                return None
+        return msg.options
+
+    def _new_stream(self, sid: int) -> Stream | None:
+        if sid == 0:
+            self._send(wire.encode_error(0, ErrorCode.BAD_REQUEST, "stream id 0 is reserved"))
+            return None
+        if sid in self.streams:
+            self._send(wire.encode_error(sid, ErrorCode.BAD_REQUEST, f"stream {sid} is already open"))
+            return None
+        try:
+            slot = self.engine.open()
+        except CapacityError as exc:
+            self._refuse(sid, ErrorCode.CAPACITY, str(exc))
+            return None
+        self.refused.discard(sid)
+        stream = Stream(sid, slot)
+        self.streams[sid] = stream
+        return stream
+
+    def _refuse(self, sid: int, code: ErrorCode, message: str) -> None:
+        self.refused.add(sid)
+        self._send(wire.encode_error(sid, code, message))
+
+    def _stream_for(self, sid: int) -> Stream | None:
+        stream = self.streams.get(sid)
+        if stream is not None and not stream.ended:
+            return stream
+        if sid not in self.refused:
+            why = "has ended" if stream is not None else "is not open"
+            self._send(wire.encode_error(sid, ErrorCode.UNKNOWN_STREAM, f"stream {sid} {why}"))
+        return None
+
+    def _audio(self, msg: Audio) -> None:
+        stream = self._stream_for(msg.stream)
+        if stream is None:
+            return
+        n = len(msg.pcm) // 2
+        stream.heard += n
+        if stream.file is not None:
+            if stream.heard > self.server.max_file_samples:
+                self._drop(stream, ErrorCode.BAD_REQUEST, "the file is longer than "
+                           f"{self.server.max_file_samples / RATE:.0f} s — send it in parts")
+                return
+            stream.file += msg.pcm
+            return
+        pcm = np.frombuffer(msg.pcm, dtype="<i2")
+        slot = stream.slot
+        limit = min(self.server.utterance_samples, slot.capacity)
+        while len(pcm):
+            if slot.length >= limit:
+                self._commit(stream)
+            room = limit - slot.length
+            slot.append(pcm[:room])
+            pcm = pcm[room:]
+        stream.since_partial += n
+        if stream.partials and stream.since_partial >= self.server.partial_samples \
+                and not stream.partial_pending:
+            stream.since_partial = 0
+            stream.partial_pending = True
+            fut = self.engine.submit(slot, slot.view(), final=False)
+            heard = stream.heard
+            fut.add_done_callback(lambda f: self._partial_done(stream, heard, f))
+
+    def _commit(self, stream: Stream) -> None:
+        """The utterance reached the slot's limit: finalise what is there and start over."""
+        slot = stream.slot
+        fut = self.engine.submit(slot, slot.view(), final=True)
+        stream.pieces.append(fut)
+
+        def keep(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None and f.result() is not None:
+                stream.committed.append(f.result().text.strip())
+
+        fut.add_done_callback(keep)
+        slot.begin_utterance(slot.end)
+
+    def _partial_done(self, stream: Stream, heard: int, fut: asyncio.Future) -> None:
+        stream.partial_pending = False
+        if fut.cancelled() or stream.ended or self.closed:
+            return
+        if fut.exception() is not None:
+            log.warning("asr-serve: a partial failed: %s", fut.exception())
+            return
+        hyp = fut.result()
+        if hyp is None:  # shed as stale by the engine: a newer partial follows
+            return
+        text = " ".join(t for t in (*stream.committed, hyp.text.strip()) if t)
+        self._send(wire.encode_partial(stream.id, text, heard))
+
+    def _end(self, msg: End) -> None:
+        if msg.stream in self.refused:
+            self.refused.discard(msg.stream)
+            return
+        stream = self._stream_for(msg.stream)
+        if stream is None:
+            return
+        stream.ended = True
+        if stream.file is not None:
+            pcm = np.frombuffer(stream.file, dtype="<i2")
+            self._spawn(self._finish_file(stream, pcm))
+            return
+        slot = stream.slot
+        if slot.length:
+            stream.pieces.append(self.engine.submit(slot, slot.view(), final=True))
+        self._spawn(self._finish_stream(stream))
+
+    async def _finish_stream(self, stream: Stream) -> None:
+        try:
+            texts = []
+            for fut in stream.pieces:
+                hyp = await fut
+                if hyp is None:
+                    return
+                texts.append(hyp.text.strip())
+            self._send(wire.encode_final(stream.id, " ".join(t for t in texts if t), stream.heard))
+        except Exception as exc:
+            self._send(wire.encode_error(stream.id, ErrorCode.INTERNAL, f"transcription failed: {exc}"))
+        finally:
+            self._release(stream)
+
+    async def _finish_file(self, stream: Stream, pcm: np.ndarray) -> None:
+        try:
+            segments = await transcribe_long(self.engine, stream.slot, pcm)
+            self._send(wire.encode_final(stream.id, joined(segments), len(pcm)))
+        except Exception as exc:
+            self._send(wire.encode_error(stream.id, ErrorCode.INTERNAL, f"transcription failed: {exc}"))
+        finally:
+            self._release(stream)
+
+    def _shared_memory(self, msg: SharedMemoryFile) -> None:
+        if msg.samples > self.server.max_file_samples or msg.size != 2 * msg.samples:
+            self._send(wire.encode_error(
+                msg.stream, ErrorCode.BAD_REQUEST,
+                f"bad SHM request: size must be 2 × samples and at most "
+                f"{self.server.max_file_samples / RATE:.0f} s (got size {msg.size}, samples {msg.samples})"))
+            return
+        try:
+            shm = _attach(msg.name)
+        except (OSError, ValueError) as exc:
+            self._send(wire.encode_error(msg.stream, ErrorCode.BAD_REQUEST,
+                                         f"cannot open shared memory {msg.name!r}: {exc}"))
+            return
+        if shm.size < msg.size:
+            shm.close()
+            self._send(wire.encode_error(msg.stream, ErrorCode.BAD_REQUEST,
+                                         f"shared memory {msg.name!r} holds {shm.size} bytes, "
+                                         f"fewer than the {msg.size} announced"))
+            return
+        stream = self._new_stream(msg.stream)
+        if stream is None:
+            self.refused.discard(msg.stream)  # no END follows a SHM request
+            shm.close()
+            return
+        stream.ended = True
+        self._spawn(self._finish_shared(stream, shm, msg.samples))
+
+    async def _finish_shared(self, stream: Stream, shm: Any, samples: int) -> None:
+        try:
+            # A view straight onto the client's pages: nothing crosses the socket but the name.
+            pcm = np.frombuffer(shm.buf, dtype="<i2", count=samples)
+            try:
+                segments = await transcribe_long(self.engine, stream.slot, pcm)
+            finally:
+                del pcm
+            self._send(wire.encode_final(stream.id, joined(segments), samples))
+        except Exception as exc:
+            self._send(wire.encode_error(stream.id, ErrorCode.INTERNAL, f"transcription failed: {exc}"))
+        finally:
+            try:
+                shm.close()
+            except BufferError:  # a view outlived the call (a traceback): the GC unmaps it later
+                log.debug("asr-serve: shared memory still referenced at close")
+            self._release(stream)
+
+    # --- plumbing ----------------------------------------------------------------------------
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _release(self, stream: Stream) -> None:
+        if self.streams.get(stream.id) is stream:
+            del self.streams[stream.id]
+        if not stream.released:
+            stream.released = True
+            self.engine.close_slot(stream.slot)
+
+    def _drop(self, stream: Stream, code: ErrorCode, message: str) -> None:
+        self._refuse(stream.id, code, message)
+        stream.ended = True
+        self._release(stream)
+
+    def _send(self, frame: bytes) -> None:
+        if not self.closed and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame)
+
+    def _close(self) -> None:
+        """Close after the queued frames (the error message) are flushed."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _attach(name: str) -> Any:
+    """Map an existing shared-memory segment without letting this process's resource tracker
+    adopt it (Python < 3.13 would otherwise unlink the client's segment when the server exits)."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    if "/" in name or not name:
+        raise ValueError("a shared-memory name is a single path component")
+    try:
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+    except TypeError:  # Python < 3.13
+        shm = shared_memory.SharedMemory(name=name)
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        return shm
+
+
+def _preload_shared_memory_tracker() -> None:
+    """Start the resource tracker now: it is a helper process spawned on first use, and that
+    spawn should not land on the event loop in the middle of a call."""
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    except Exception:  # only an optimisation
+        pass
