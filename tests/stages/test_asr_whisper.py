@@ -1,0 +1,113 @@
+"""WhisperBackend with the embedded tiny.en model on real recorded speech."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.config import ASRConfig
+from agent.errors import ModelNotFoundError
+from stages.asr.backend import ASRBackend
+from stages.asr.wer import wer
+from transports.audio_file import read_wav
+
+pytest.importorskip("ctranslate2")
+pytest.importorskip("faster_whisper")
+
+from stages.asr.whisper import WhisperBackend  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CLIPS = {  # LibriSpeech references (see tests/data/LICENSES.md)
+    "ls-dev-clean-1988-24833-0000.wav": "THE TWO STRAY KITTENS GRADUALLY MAKE THEMSELVES AT HOME",
+    "ls-test-clean-4507-16021-0012.wav": "WHY SHOULD ONE HALT ON THE WAY",
+    "ls-dev-clean-1272-128104-0000.wav": (
+        "MISTER QUILTER IS THE APOSTLE OF THE MIDDLE CLASSES AND WE ARE GLAD TO WELCOME HIS GOSPEL"
+    ),
+}
+
+
+def load(name: str) -> np.ndarray:
+    pcm, rate = read_wav(DATA / name)
+    assert rate == 16000
+    return pcm[:, 0].astype(np.float32) / 32768.0
+
+
+@pytest.fixture(scope="module")
+def backend() -> WhisperBackend:
+    be = WhisperBackend(ASRConfig())
+    be.warmup()
+    return be
+
+
+@pytest.fixture(scope="module")
+def clips() -> dict[str, np.ndarray]:
+    return {name: load(name) for name in CLIPS}
+
+
+def test_is_an_asr_backend(backend):
+    assert isinstance(backend, ASRBackend)
+    assert backend.sample_rate == 16000 and backend.max_batch >= 8
+
+
+def test_real_clips_transcribed_within_wer(backend, clips):
+    for name, ref in CLIPS.items():
+        hyp = backend.transcribe_batch([clips[name]])[0]
+        assert wer(ref, hyp.text) < 0.15, (name, hyp.text)
+        assert hyp.tokens  # the decoded token ids come along
+
+
+def test_batch_equals_single_buffer_results(backend, clips):
+    audio = list(clips.values())
+    audio.append(audio[0][: len(audio[0]) // 2])  # a cut-off utterance, as partials see
+    single = [backend.transcribe_batch([a])[0].text for a in audio]
+    batched = [h.text for h in backend.transcribe_batch(audio)]
+    assert batched == single
+    assert all(single)
+
+
+def test_long_buffer_uses_full_window_and_still_matches_alone(backend, clips):
+    # 12 s of audio needs the 30-s window; in a batch with short buffers its text must not change.
+    long = np.concatenate([clips[n] for n in CLIPS] + [np.zeros(16000, np.float32)])
+    assert backend.window_frames(len(long)) == 3000
+    short = clips["ls-test-clean-4507-16021-0012.wav"]
+    assert backend.window_frames(len(short)) < 3000
+    alone = backend.transcribe_batch([long])[0].text
+    mixed = backend.transcribe_batch([short, long])
+    assert mixed[1].text == alone
+    refs = " ".join(CLIPS.values())
+    assert wer(refs, alone) < 0.15, alone
+
+
+def test_empty_short_and_silent_buffers_give_empty_text(backend, clips):
+    rng = np.random.default_rng(0)
+    hiss = (rng.standard_normal(32000) * 1e-2).astype(np.float32)
+    hyps = backend.transcribe_batch(
+        [np.zeros(0, np.float32), clips["ls-test-clean-4507-16021-0012.wav"][:800],
+         np.zeros(48000, np.float32), hiss]
+    )
+    assert [h.text for h in hyps] == ["", "", "", ""]
+
+
+def test_empty_batch(backend):
+    assert backend.transcribe_batch([]) == []
+
+
+def test_over_30_seconds_is_refused(backend):
+    with pytest.raises(ValueError, match="30 s"):
+        backend.transcribe_batch([np.zeros(30 * 16000 + 1, np.float32)])
+
+
+def test_prompt_count_must_match(backend, clips):
+    with pytest.raises(ValueError, match="prompts"):
+        backend.transcribe_batch([clips["ls-test-clean-4507-16021-0012.wav"]], ["a", "b"])
+
+
+def test_prompt_is_accepted(backend, clips):
+    name = "ls-test-clean-4507-16021-0012.wav"
+    hyp = backend.transcribe_batch([clips[name]], ["The traveller asked himself a question."])[0]
+    assert wer(CLIPS[name], hyp.text) < 0.15, hyp.text
+
+
+def test_missing_model_directory_says_what_to_do(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="--asr-model"):
+        WhisperBackend(ASRConfig(model=str(tmp_path)))
