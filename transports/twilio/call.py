@@ -1,0 +1,151 @@
+"""One Twilio media stream bound to a session, without sockets: inbound messages go in, outbound
+messages come out of ``receive`` and of ``tick`` (called every 20 ms by the shell).
+
+Marks track what the caller has actually heard: after the first packet of each agent utterance
+we send a mark, and Twilio echoes it once that audio has played, so the trace's ``audio_out``
+(the end of the voice-to-voice span) is the moment the caller heard the agent, not the moment
+we handed bytes to the socket. Barge-in sends ``clear`` so Twilio drops its buffered audio.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from agent.frames import Dtmf, Frame, Interrupt
+from agent.session import Session
+from transports.g711 import PCMU
+from transports.narrowband import NarrowbandDecoder, NarrowbandEncoder
+from transports.twilio.messages import (
+    Clear,
+    Connected,
+    DtmfDigit,
+    InboundMessage,
+    MarkEcho,
+    Media,
+    OutboundMessage,
+    SendMark,
+    SendMedia,
+    Start,
+    Stop,
+)
+
+
+@dataclass(slots=True)
+class MarkRecord:
+    name: str
+    sent_ns: int
+    heard_ns: int = 0
+    cleared: bool = False  # echoed because a clear dropped the audio, not because it played
+
+
+@dataclass(slots=True)
+class TwilioCallStats:
+    media_in: int = 0
+    media_out: int = 0
+    sequence_gaps: int = 0
+    clears: int = 0
+    dtmf: str = ""
+    marks: list[MarkRecord] = field(default_factory=list)
+
+
+class TwilioCall:
+    """``start`` (the start message) must arrive before media; ``stopped`` turns true on stop.
+
+    ``heard_from_marks``: stamp ``audio_out`` when Twilio echoes the utterance's first mark
+    (what the caller heard); off, it is stamped when the first packet is handed over.
+    """
+
+    def __init__(self, session: Session, start: Start, heard_from_marks: bool = True) -> None:
+        self.session = session
+        self.stream_sid = start.stream_sid
+        self.call_sid = start.call_sid
+        self.heard_from_marks = heard_from_marks
+        self.stats = TwilioCallStats()
+        self.stopped = False
+        self._decoder = NarrowbandDecoder(PCMU)
+        self._encoder = NarrowbandEncoder(PCMU)
+        self._last_seq = start.sequence
+        self._talking = False
+        self._utterance = 0
+        self._pending: dict[str, MarkRecord] = {}
+        self._clear_due = False
+        session.listen(self._on_frame)
+
+    def _on_frame(self, frame: Frame) -> None:
+        if isinstance(frame, Interrupt):
+            self._clear_due = True
+            self._encoder.reset()
+
+    # --- Twilio → us -------------------------------------------------------------------------
+    def receive(self, msg: InboundMessage) -> None:
+        seq = getattr(msg, "sequence", 0)
+        if seq:
+            if self._last_seq and seq != self._last_seq + 1:
+                self.stats.sequence_gaps += 1
+            self._last_seq = seq
+        if isinstance(msg, Media):
+            if msg.track != "inbound" and msg.track != "inbound_track":
+                return
+            self.stats.media_in += 1
+            pcm = self._decoder.decode(msg.payload)
+            if len(pcm):
+                self.session.send_audio(pcm, time.monotonic_ns())
+        elif isinstance(msg, MarkEcho):
+            rec = self._pending.pop(msg.name, None)
+            if rec is not None:
+                rec.heard_ns = time.monotonic_ns()
+                if self.heard_from_marks and rec.name.endswith(":start") and not rec.cleared:
+                    self.session.playout.sent(rec.heard_ns)
+        elif isinstance(msg, DtmfDigit):
+            self.stats.dtmf += msg.digit
+            self.session.push(Dtmf(msg.digit))
+        elif isinstance(msg, Stop):
+            self.stopped = True
+        elif isinstance(msg, (Connected, Start)):
+            pass  # a repeat of what opened the stream
+
+    # --- us → Twilio -------------------------------------------------------------------------
+    def _mark(self, suffix: str) -> SendMark:
+        rec = MarkRecord(f"u{self._utterance}:{suffix}", time.monotonic_ns())
+        self._pending[rec.name] = rec
+        self.stats.marks.append(rec)
+        return SendMark(self.stream_sid, rec.name)
+
+    def tick(self) -> list[OutboundMessage]:
+        """One 20 ms packet time: a clear after barge-in, at most a packet of agent audio, and
+        marks at the first and last packet of each utterance."""
+        out: list[OutboundMessage] = []
+        if self._clear_due:
+            self._clear_due = False
+            self.stats.clears += 1
+            out.append(Clear(self.stream_sid))
+            for rec in self._pending.values():
+                rec.cleared = True  # Twilio echoes these now, though nobody heard them
+            self._talking = False
+        playout = self.session.playout
+        frame = playout.pull()
+        payloads = self._encoder.encode(frame) if frame is not None else []
+        if frame is None and not payloads:
+            tail = self._encoder.drain()
+            payloads = [tail] if tail is not None else []
+        if payloads:
+            for p in payloads:
+                out.append(SendMedia(self.stream_sid, p))
+                self.stats.media_out += 1
+            if not self._talking:
+                self._talking = True
+                self._utterance += 1
+                out.append(self._mark("start"))
+            if not self.heard_from_marks:
+                playout.sent()
+        elif self._talking:
+            self._talking = False
+            out.append(self._mark("end"))
+        return out
+
+    @property
+    def heard_lags_ms(self) -> list[float]:
+        """Per utterance: from handing its first packet to Twilio to Twilio saying it played."""
+        return [round((m.heard_ns - m.sent_ns) / 1e6, 1) for m in self.stats.marks
+                if m.name.endswith(":start") and m.heard_ns and not m.cleared]

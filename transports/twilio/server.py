@@ -1,0 +1,184 @@
+"""The asyncio shell of Twilio Media Streams on ``websockets``: ``handle_media_stream`` serves one
+WebSocket (mountable in any server that gives a websockets-style connection), and
+``TwilioServer`` runs it standalone, with the TwiML endpoint on the same port (HTTP GET).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.session import Session
+from transports.twilio.call import TwilioCall, TwilioCallStats
+from transports.twilio.messages import Start, Stop, TwilioMessageError, parse_message
+from transports.twilio.twiml import connect_stream_twiml
+
+log = logging.getLogger("voxline.twilio")
+SessionFactory = Callable[[Start], Session | Awaitable[Session]]
+PTIME_S = 0.020
+START_TIMEOUT_S = 10.0  # Twilio sends connected and start at once; anything slower is not Twilio
+
+
+class MessageSocket(Protocol):
+    """What ``handle_media_stream`` needs of a WebSocket (websockets' connection has it)."""
+
+    async def recv(self) -> str | bytes: ...
+    async def send(self, message: str) -> None: ...
+
+
+@dataclass(slots=True, frozen=True)
+class TwilioCallReport:
+    stream_sid: str
+    call_sid: str
+    reason: str  # "stop" | "disconnected"
+    stats: TwilioCallStats
+    malformed: int
+    heard_lags_ms: list[float]
+    summary: dict[str, Any]
+    turns: list[dict[str, Any]]
+
+
+async def handle_media_stream(
+    ws: MessageSocket,
+    session_factory: SessionFactory,
+    on_call: Callable[[TwilioCall], None] | None = None,
+    heard_from_marks: bool = True,
+) -> TwilioCallReport | None:
+    """Serve one media stream until Twilio's ``stop`` or the socket closes; the session is
+    closed on every path. Returns None when the peer never sent a ``start``."""
+    malformed = 0
+
+    async def next_message() -> Any:
+        nonlocal malformed
+        while True:
+            raw = await ws.recv()
+            try:
+                return parse_message(raw)
+            except TwilioMessageError as err:
+                malformed += 1
+                log.debug("dropped a malformed Twilio message: %s", err)
+
+    try:
+        start = None
+        async with asyncio.timeout(START_TIMEOUT_S):
+            while not isinstance(start, Start):
+                start = await next_message()
+                if isinstance(start, Stop):
+                    return None
+    except (TimeoutError, ConnectionError, _closed_errors()):
+        return None
+    made = session_factory(start)
+    session = await made if inspect.isawaitable(made) else made
+    call = TwilioCall(session, start, heard_from_marks)
+    if on_call is not None:
+        on_call(call)
+    reason = "disconnected"
+    await session.start()
+    writer = asyncio.get_running_loop().create_task(_write(ws, call))
+    try:
+        while not call.stopped:
+            call.receive(await next_message())
+        reason = "stop"
+    except (ConnectionError, _closed_errors()):
+        pass
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        summary = await session.close("hangup" if reason == "stop" else reason)
+    return TwilioCallReport(call.stream_sid, call.call_sid, reason, call.stats, malformed,
+                            call.heard_lags_ms, summary, list(session.trace.turns))
+
+
+async def _write(ws: MessageSocket, call: TwilioCall) -> None:
+    loop = asyncio.get_running_loop()
+    t_next = loop.time()
+    while True:
+        for msg in call.tick():
+            await ws.send(msg.to_json())
+        t_next += PTIME_S
+        delay = t_next - loop.time()
+        if delay < -10 * PTIME_S:  # the loop stalled: resync instead of bursting
+            t_next, delay = loop.time(), 0.0
+        await asyncio.sleep(max(delay, 0.0))
+
+
+def _closed_errors() -> type[Exception]:
+    from websockets.exceptions import ConnectionClosed
+
+    return ConnectionClosed
+
+
+class TwilioServer:
+    """Standalone server: WebSocket media streams on ``media_path``, and TwiML on
+    ``GET twiml_path`` pointing Twilio at ``public_url`` + ``media_path`` (``wss://…``)."""
+
+    def __init__(
+        self,
+        session_factory: SessionFactory,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        public_url: str = "",
+        media_path: str = "/twilio/media",
+        twiml_path: str = "/twilio/twiml",
+        on_call: Callable[[TwilioCall], None] | None = None,
+        on_end: Callable[[TwilioCallReport], None] | None = None,
+    ) -> None:
+        self.session_factory = session_factory
+        self.host, self.port = host, port
+        self.public_url = public_url
+        self.media_path, self.twiml_path = media_path, twiml_path
+        self.on_call, self.on_end = on_call, on_end
+        self.reports: list[TwilioCallReport] = []
+        self.active = 0
+        self._server: Any = None
+
+    def stream_url(self, host_header: str = "") -> str:
+        base = self.public_url or f"ws://{host_header or f'{self.host}:{self.port}'}"
+        base = base.replace("https://", "wss://").replace("http://", "ws://").rstrip("/")
+        return base + self.media_path
+
+    async def start(self) -> tuple[str, int]:
+        from agent.errors import require
+
+        require("websockets", what="the Twilio media-stream server", extra="web")
+        from websockets.asyncio.server import serve
+
+        self._server = await serve(self._handler, self.host, self.port,
+                                   process_request=self._http, max_size=2**16)
+        sock = next(iter(self._server.sockets))
+        self.host, self.port = sock.getsockname()[:2]
+        return self.host, self.port
+
+    def _http(self, connection: Any, request: Any) -> Any:
+        path = request.path.split("?", 1)[0]
+        if path == self.twiml_path:
+            body = connect_stream_twiml(self.stream_url(request.headers.get("Host", "")))
+            resp = connection.respond(200, body)
+            resp.headers["Content-Type"] = "text/xml"
+            return resp
+        if path != self.media_path:
+            return connection.respond(404, "not found\n")
+        return None  # the media WebSocket
+
+    async def _handler(self, ws: Any) -> None:
+        self.active += 1
+        try:
+            report = await handle_media_stream(ws, self.session_factory, self.on_call)
+        except Exception:
+            log.exception("Twilio media stream failed")
+            return
+        finally:
+            self.active -= 1
+        if report is not None:
+            self.reports.append(report)
+            if self.on_end is not None:
+                self.on_end(report)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
