@@ -1,0 +1,194 @@
+"""CUDA graph WHILE nodes opened in the middle of a torch stream capture.
+
+``while_node(flag)`` is a context manager: the work captured inside it becomes the body of a
+conditional WHILE node that the GPU repeats while the 0-dim bool CUDA tensor ``flag`` is true
+(checked on entry and after each pass), with no host round trip. Two implementations:
+
+- torch's native API (``CUDAGraph.begin_capture_to_while_node``, in torch builds that have it);
+- cuda-python (``cuda.bindings`` 12.x/13.x or the legacy ``cuda`` module), following NeMo's recipe:
+  an NVRTC-compiled kernel sets the node's handle from the flag; the node is added with the driver
+  API and its body is captured on a fresh stream with ``cudaStreamBeginCaptureToGraph``.
+
+Needs CUDA >= 12.4 and a driver >= 12.6. Not exercised on this project's CI (no GPU there): the
+GPU benchmark checks it produces the same tokens as the eager loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+_CONDITION_KERNEL = r"""
+typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
+extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle handle,
+                                                                     unsigned int value);
+extern "C" __global__ void voxline_set_while_condition(cudaGraphConditionalHandle handle, const bool* flag)
+{
+    cudaGraphSetConditional(handle, *flag);
+}
+"""
+_MIN_DRIVER = 12060  # conditional nodes work reliably from driver 12.6 (NeMo's floor)
+
+WhileNode = Callable[[torch.Tensor], contextlib.AbstractContextManager[Any]]
+
+
+def torch_native_available() -> bool:
+    return hasattr(torch.cuda.CUDAGraph, "begin_capture_to_while_node")
+
+
+@contextlib.contextmanager
+def _torch_while(flag: torch.Tensor) -> Iterator[None]:
+    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+    graph.begin_capture_to_while_node(flag)  # samples the flag on entry
+    try:
+        yield
+        graph.set_conditional_handle_for_current_node(flag)  # ... and after every pass
+    finally:
+        graph.end_capture_to_conditional_node()
+
+
+class _CudaPython:
+    """The driver/runtime/NVRTC bindings, papering over the 12.x → 13.x signature changes."""
+
+    def __init__(self) -> None:
+        try:
+            from cuda.bindings import driver, nvrtc, runtime  # cuda-python >= 12.6 layout
+
+            import cuda.bindings as pkg
+        except ImportError:
+            from cuda import cuda as driver  # type: ignore[no-redef]  # legacy cuda-python 12.x
+            from cuda import cudart as runtime  # type: ignore[no-redef]
+            from cuda import nvrtc  # type: ignore[no-redef]
+
+            import cuda as pkg  # type: ignore[no-redef]
+        self.driver, self.runtime, self.nvrtc = driver, runtime, nvrtc
+        version = str(getattr(pkg, "__version__", "12.0.0"))
+        self.version = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+        self.edge_data = self.version >= (13, 0)  # 13.x added edge-data parameters
+        self._kernel: Any = None
+        self._keep_alive: list[Any] = []
+
+    @staticmethod
+    def ok(result: Any) -> Any:
+        """Unwrap ``(err, *values)``; raise on a non-success code."""
+        err, *values = result if isinstance(result, tuple) else (result,)
+        if int(err) != 0:
+            raise RuntimeError(f"CUDA call failed: {err!r}")
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def driver_version(self) -> int:
+        return int(self.ok(self.driver.cuDriverGetVersion()))
+
+    def capture_info(self, stream: int) -> tuple[Any, Any, list[Any]]:
+        values = self.ok(self.runtime.cudaStreamGetCaptureInfo(stream))
+        status, graph, deps = values[0], values[2], values[3]
+        return status, graph, list(deps or [])
+
+    def kernel(self) -> Any:
+        if self._kernel is None:
+            import numpy as np
+
+            nvrtc = self.nvrtc
+            prog = self.ok(nvrtc.nvrtcCreateProgram(_CONDITION_KERNEL.encode(), b"while_condition.cu", 0, [], []))
+            # No --gpu-architecture: the default virtual arch runs on every GPU with conditionals.
+            self.ok(nvrtc.nvrtcCompileProgram(prog, 0, []))
+            size = self.ok(nvrtc.nvrtcGetPTXSize(prog))
+            ptx = b" " * size
+            self.ok(nvrtc.nvrtcGetPTX(prog, ptx))
+            ptx_buf = np.char.array(ptx)
+            module = self.ok(self.driver.cuModuleLoadData(ptx_buf.ctypes.data))
+            self._kernel = self.ok(self.driver.cuModuleGetFunction(module, b"voxline_set_while_condition"))
+            self._keep_alive.append((module, ptx_buf))
+        return self._kernel
+
+    def launch_condition(self, args: Any, stream: int) -> None:
+        self.ok(self.driver.cuLaunchKernel(self.kernel(), 1, 1, 1, 1, 1, 1, 0, stream, args.ctypes.data, 0))
+
+    @contextlib.contextmanager
+    def while_node(self, flag: torch.Tensor) -> Iterator[None]:
+        import numpy as np
+
+        rt, drv = self.runtime, self.driver
+        stream = torch.cuda.current_stream(flag.device).cuda_stream
+        _, graph, _ = self.capture_info(stream)
+        handle = self.ok(rt.cudaGraphConditionalHandleCreate(graph, 0, 0))
+        flag_ptr = np.array([flag.data_ptr()], dtype=np.uint64)
+        args = np.array([handle.getPtr(), flag_ptr.ctypes.data], dtype=np.uint64)
+        self._keep_alive.extend((handle, flag_ptr, args))
+
+        self.launch_condition(args, stream)  # decides whether the loop is entered at all
+        _, graph, deps = self.capture_info(stream)
+        params = drv.CUgraphNodeParams()
+        params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        params.conditional.handle = handle
+        params.conditional.type = drv.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
+        params.conditional.size = 1
+        if self.version == (12, 3):  # 12.3.0 did not allocate the output slot itself
+            params.conditional.phGraph_out = [drv.CUgraph()]
+        params.conditional.ctx = self.ok(drv.cuCtxGetCurrent())
+        if self.edge_data:
+            node = self.ok(drv.cuGraphAddNode(graph, deps, None, len(deps), params))
+            self.ok(
+                rt.cudaStreamUpdateCaptureDependencies(
+                    stream, [node], None, 1, rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies
+                )
+            )
+        else:
+            node = self.ok(drv.cuGraphAddNode(graph, deps, len(deps), params))
+            self.ok(
+                rt.cudaStreamUpdateCaptureDependencies(
+                    stream, [node], 1, rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies
+                )
+            )
+        body_graph = params.conditional.phGraph_out[0]
+        body_stream = torch.cuda.Stream(flag.device)
+        previous = torch.cuda.current_stream(flag.device)
+        self.ok(
+            rt.cudaStreamBeginCaptureToGraph(
+                body_stream.cuda_stream, body_graph, None, None, 0,
+                rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal,
+            )
+        )
+        torch.cuda.set_stream(body_stream)
+        try:
+            yield
+            self.launch_condition(args, body_stream.cuda_stream)  # decides whether to go again
+        finally:
+            self.ok(rt.cudaStreamEndCapture(body_stream.cuda_stream))
+            torch.cuda.set_stream(previous)
+            self._keep_alive.append(body_stream)
+
+
+_cuda_python: _CudaPython | None = None
+
+
+def cuda_python_while() -> WhileNode | None:
+    """cuda-python's WHILE-node opener when it is installed and the driver is new enough."""
+    global _cuda_python
+    if _cuda_python is None:
+        try:
+            _cuda_python = _CudaPython()
+        except ImportError:
+            return None
+    try:
+        if _cuda_python.driver_version() < _MIN_DRIVER:
+            return None
+    except Exception:  # noqa: BLE001 - no driver, no context: no conditional nodes
+        return None
+    return _cuda_python.while_node
+
+
+def while_node_openers() -> list[tuple[str, WhileNode]]:
+    """The available implementations, preferred first: torch-native, then cuda-python."""
+    openers: list[tuple[str, WhileNode]] = []
+    if torch_native_available():
+        openers.append(("torch", _torch_while))
+    cp = cuda_python_while()
+    if cp is not None:
+        openers.append(("cuda-python", cp))
+    return openers

@@ -1,0 +1,53 @@
+"""The TDT prediction network (embedding + LSTM) and joint network.
+
+The joint is split the way the decoding loop uses it: the encoder projection runs once per
+utterance, the prediction projection once per emitted label, and only the cheap sum → ReLU →
+Linear runs per decoding step. Output logits are [tokens + blank | durations].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stages.asr.parakeet.dims import DecoderDims
+
+LSTMState = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (layers, B, P)
+
+
+class PredictionNetwork(nn.Module):
+    """Embedding(V+1, P, padding_idx=blank) + LSTM. Blank's row is zero, so feeding blank is the
+    start-of-sequence input."""
+
+    def __init__(self, dims: DecoderDims) -> None:
+        super().__init__()
+        self.dims = dims
+        self.embed = nn.Embedding(dims.vocab_size + 1, dims.pred_hidden, padding_idx=dims.blank_id)
+        self.lstm = nn.LSTM(dims.pred_hidden, dims.pred_hidden, num_layers=dims.pred_layers, batch_first=True)
+
+    def initial_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> LSTMState:
+        shape = (self.dims.pred_layers, batch, self.dims.pred_hidden)
+        return torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+
+    def step(self, labels: torch.Tensor, state: LSTMState) -> tuple[torch.Tensor, LSTMState]:
+        """One label per row (B,) → output (B, P) and the next state."""
+        out, new_state = self.lstm(self.embed(labels)[:, None, :], state)
+        return out[:, 0], new_state
+
+
+class Joint(nn.Module):
+    def __init__(self, encoder_dim: int, dims: DecoderDims) -> None:
+        super().__init__()
+        self.enc = nn.Linear(encoder_dim, dims.joint_hidden)
+        self.pred = nn.Linear(dims.pred_hidden, dims.joint_hidden)
+        self.out = nn.Linear(dims.joint_hidden, dims.joint_outputs)
+
+    def project_encoder(self, enc: torch.Tensor) -> torch.Tensor:
+        return self.enc(enc)
+
+    def project_prediction(self, g: torch.Tensor) -> torch.Tensor:
+        return self.pred(g)
+
+    def logits(self, enc_proj: torch.Tensor, pred_proj: torch.Tensor) -> torch.Tensor:
+        """Already projected encoder and prediction vectors (broadcastable) → joint logits."""
+        return self.out(torch.relu(enc_proj + pred_proj))

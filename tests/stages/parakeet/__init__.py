@@ -1,0 +1,1 @@
+"""Tests of the Parakeet-TDT backend (stages/asr/parakeet)."""
