@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import os
 import stat
 from dataclasses import dataclass, field
@@ -90,7 +91,6 @@ class ASRServer:
         # A deep backlog: a thousand clients connecting at once must not see EAGAIN.
         srv = await loop.create_unix_server(lambda: Connection(self), path, backlog=4096)
         self._servers.append(srv)
-        _preload_shared_memory_tracker()
 
     async def start_http(self, host: str, port: int, max_upload_mb: float = 25.0) -> int:
         """Serve ``POST /v1/audio/transcriptions`` on ``host:port``; returns the bound port."""
@@ -352,7 +352,7 @@ class Connection(asyncio.Protocol):
         stream.ended = True
         self._spawn(self._finish_shared(stream, shm, msg.samples))
 
-    async def _finish_shared(self, stream: Stream, shm: Any, samples: int) -> None:
+    async def _finish_shared(self, stream: Stream, shm: _Mapped, samples: int) -> None:
         try:
             # A view straight onto the client's pages: nothing crosses the socket but the name.
             pcm = np.frombuffer(shm.buf, dtype="<i2", count=samples)
@@ -366,7 +366,7 @@ class Connection(asyncio.Protocol):
         finally:
             try:
                 shm.close()
-            except BufferError:  # a view outlived the call (a traceback): the GC unmaps it later
+            except BufferError:  # a view outlived the call (in a traceback): the GC unmaps it later
                 log.debug("asr-serve: shared memory still referenced at close")
             self._release(stream)
 
@@ -403,27 +403,35 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-def _attach(name: str) -> Any:
-    """Map an existing shared-memory segment without letting this process's resource tracker
-    adopt it (Python < 3.13 would otherwise unlink the client's segment when the server exits)."""
-    from multiprocessing import resource_tracker, shared_memory
+class _Mapped:
+    """A client's shared-memory segment mapped read-only: the server can never write into it."""
 
-    if "/" in name or not name:
+    __slots__ = ("buf", "size", "_mmap")
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        self._mmap = mm
+        self.size = len(mm)
+        self.buf = memoryview(mm)
+
+    def close(self) -> None:
+        self.buf.release()  # raises BufferError while an array still views it
+        self._mmap.close()
+
+
+def _attach(name: str) -> _Mapped:
+    """Map the segment ``multiprocessing.shared_memory.SharedMemory(create=True)`` made in the
+    client. Not through ``SharedMemory(name=...)``: before Python 3.13 that registers the segment
+    with this process's resource tracker, which would unlink the client's segment when the server
+    exits (or, in one process, unregister the creator's entry)."""
+    import _posixshmem  # what SharedMemory itself uses on POSIX
+
+    if not name or "/" in name or "\0" in name:
         raise ValueError("a shared-memory name is a single path component")
+    fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
     try:
-        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
-    except TypeError:  # Python < 3.13
-        shm = shared_memory.SharedMemory(name=name)
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        return shm
-
-
-def _preload_shared_memory_tracker() -> None:
-    """Start the resource tracker now: it is a helper process spawned on first use, and that
-    spawn should not land on the event loop in the middle of a call."""
-    try:
-        from multiprocessing import resource_tracker
-
-        resource_tracker.ensure_running()
-    except Exception:  # only an optimisation
-        pass
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise ValueError("the segment is empty")
+        return _Mapped(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+    finally:
+        os.close(fd)

@@ -1,0 +1,414 @@
+"""asr-serve end to end with the real Whisper model: a real Unix socket, real speech, the
+OpenAI-compatible endpoint through a real HTTP client, the remote backend, and bad clients."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import wave
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from agent.config import ASRConfig
+from stages.asr import wire
+from stages.asr.engine import ASREngine
+from stages.asr.long_audio import cut_points
+from stages.asr.remote import RemoteASRBackend, RemoteASRError
+from stages.asr.server import ASRServer
+from stages.asr.wer import wer
+from transports.audio_file import read_audio
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+CLIPS = {
+    "kittens": ("ls-dev-clean-1988-24833-0000.wav", "the two stray kittens gradually make themselves at home"),
+    "quilter": ("ls-dev-clean-1272-128104-0000.wav",
+                "mister quilter is the apostle of the middle classes and we are glad to welcome his gospel"),
+    "halt": ("ls-test-clean-4507-16021-0012.wav", "why should one halt on the way"),
+}
+# Whisper tiny.en on single LibriSpeech utterances; the short "halt" clip costs it one word
+MAX_WER = 0.3
+WAIT = 120  # seconds: a hang fails the test instead of blocking the run
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from stages.asr.whisper import WhisperBackend
+
+    be = WhisperBackend(ASRConfig())
+    be.warmup()
+    return be
+
+
+@pytest.fixture(scope="module")
+def pcm():
+    return {k: read_audio(DATA / f) for k, (f, _) in CLIPS.items()}
+
+
+def ref(name):
+    return CLIPS[name][1]
+
+
+class Client:
+    """A test client speaking the wire protocol over asyncio streams."""
+
+    def __init__(self, reader, writer):
+        self.reader, self.writer = reader, writer
+        self.decoder = wire.Decoder()
+        self.received: list = []
+
+    @classmethod
+    async def connect(cls, path):
+        return cls(*await asyncio.open_unix_connection(path))
+
+    def send(self, *frames):
+        self.writer.write(b"".join(frames))
+
+    async def stream(self, sid, pcm, chunk_s=0.2, pause_s=0.02, options=None):
+        self.send(wire.encode_open(sid, options or {}))
+        step = int(chunk_s * 16000)
+        for i in range(0, len(pcm), step):
+            self.send(wire.encode_audio(sid, pcm[i : i + step].tobytes()))
+            await self.writer.drain()
+            await asyncio.sleep(pause_s)
+        self.send(wire.encode_end(sid))
+
+    async def until(self, done):
+        async def loop():
+            while not done(self.received):
+                data = await self.reader.read(1 << 16)
+                if not data:
+                    return False
+                self.received += self.decoder.feed(data)
+            return True
+
+        return await asyncio.wait_for(loop(), WAIT)
+
+    async def final(self, sid):
+        await self.until(lambda got: any(isinstance(m, (wire.Final, wire.Error)) and m.stream == sid
+                                         for m in got))
+        return next(m for m in self.received if isinstance(m, (wire.Final, wire.Error)) and m.stream == sid)
+
+    def close(self):
+        self.writer.close()
+
+
+async def serve(backend, tmp_path, capacity=4, **kw):
+    engine = ASREngine(backend, capacity=capacity)
+    server = ASRServer(engine, **kw)
+    path = str(tmp_path / "asr.sock")
+    await server.start_unix(path)
+    return engine, server, path
+
+
+async def until_true(check):
+    for _ in range(WAIT * 100):
+        if check():
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+def test_a_stream_of_real_speech_gets_partials_then_a_final(backend, pcm, tmp_path):
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        c = await Client.connect(path)
+        await c.stream(7, pcm["quilter"])
+        final = await c.final(7)
+        c.close()
+        free = await until_true(lambda: engine.pool.in_use == 0)
+        await server.close()
+        engine.close()
+        return c.received, final, free
+
+    got, final, free = asyncio.run(main())
+    partials = [m for m in got if isinstance(m, wire.Partial)]
+    assert partials, "no partial before the final"
+    assert got.index(final) > got.index(partials[0])
+    assert [p.samples for p in partials] == sorted(p.samples for p in partials)
+    assert isinstance(final, wire.Final), final
+    assert final.samples == len(pcm["quilter"])
+    assert wer(ref("quilter"), final.text) <= MAX_WER, final.text
+    assert free
+
+
+def test_many_streams_on_one_connection(backend, pcm, tmp_path):
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        c = await Client.connect(path)
+        await asyncio.gather(*(c.stream(sid, pcm[name], options={"partials": False})
+                               for sid, name in [(1, "kittens"), (2, "quilter"), (3, "halt")]))
+        finals = {sid: await c.final(sid) for sid in (1, 2, 3)}
+        c.close()
+        await server.close()
+        engine.close()
+        return c.received, finals, engine.stats
+
+    got, finals, stats = asyncio.run(main())
+    assert not any(isinstance(m, wire.Partial) for m in got)  # partials were switched off
+    for sid, name in [(1, "kittens"), (2, "quilter"), (3, "halt")]:
+        assert isinstance(finals[sid], wire.Final), finals[sid]
+        assert wer(ref(name), finals[sid].text) <= MAX_WER, (name, finals[sid].text)
+    assert stats.requests == 3
+
+
+def long_file(pcm):
+    """About 38 s of speech (the three clips, three times, with pauses): several chunks."""
+    gap = np.zeros(8000, np.int16)
+    parts = [p for _ in range(3) for name in CLIPS for p in (pcm[name], gap)]
+    text = " ".join(ref(name) for _ in range(3) for name in CLIPS)
+    return np.concatenate(parts), text
+
+
+def test_shared_memory_file_is_read_in_place_and_batched(backend, pcm, tmp_path):
+    audio, text = long_file(pcm)
+    shm = shared_memory.SharedMemory(create=True, size=audio.nbytes)
+    try:
+        np.ndarray(len(audio), np.int16, buffer=shm.buf)[:] = audio
+
+        async def main():
+            engine, server, path = await serve(backend, tmp_path)
+            c = await Client.connect(path)
+            c.send(wire.encode_shm(5, shm.name, audio.nbytes, len(audio)))
+            final = await c.final(5)
+            c.close()
+            await server.close()
+            engine.close()
+            return final, engine.stats
+
+        final, stats = asyncio.run(main())
+        # the server did not take the segment away from its owner
+        assert bytes(shm.buf[:64]) == audio[:32].tobytes()
+    finally:
+        shm.close()
+        shm.unlink()
+    assert isinstance(final, wire.Final), final
+    assert final.samples == len(audio)
+    assert wer(text, final.text) <= MAX_WER, final.text
+    chunks = len(cut_points(audio))
+    assert chunks >= 2
+    assert stats.batch_sizes == {chunks: 1}  # all chunks in one backend call
+
+
+def test_bad_shared_memory_requests_get_errors_and_the_connection_stays(backend, pcm, tmp_path):
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        c = await Client.connect(path)
+        c.send(wire.encode_shm(1, "voxline-no-such-segment", 64, 32),
+               wire.encode_shm(2, "x", 63, 32),
+               wire.encode_shm(3, "../etc/passwd", 64, 32))
+        errors = [await c.final(sid) for sid in (1, 2, 3)]
+        await c.stream(4, pcm["halt"], chunk_s=1.0, pause_s=0, options={"partials": False})
+        final = await c.final(4)
+        c.close()
+        await server.close()
+        engine.close()
+        return errors, final, engine.pool.in_use
+
+    errors, final, in_use = asyncio.run(main())
+    assert [e.code for e in errors] == [wire.ErrorCode.BAD_REQUEST] * 3
+    assert "cannot open shared memory" in errors[0].message
+    assert "size must be 2 × samples" in errors[1].message
+    assert isinstance(final, wire.Final) and wer(ref("halt"), final.text) <= MAX_WER
+    assert in_use == 0
+
+
+def wav_bytes(pcm):
+    import io
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
+
+
+def test_openai_compatible_endpoint(backend, pcm, tmp_path):
+    clip = wav_bytes(pcm["kittens"])
+
+    async def main():
+        engine, server, _ = await serve(backend, tmp_path)
+        port = await server.start_http("127.0.0.1", 0, max_upload_mb=0.5)
+        url = f"http://127.0.0.1:{port}/v1/audio/transcriptions"
+        out = {}
+        async with httpx.AsyncClient(timeout=WAIT) as http:
+            for fmt in ("json", "text", "verbose_json"):
+                out[fmt] = await http.post(url, files={"file": ("kittens.wav", clip)},
+                                           data={"model": "whisper-1", "response_format": fmt})
+            out["stream"] = await http.post(url, files={"file": ("kittens.wav", clip)},
+                                            data={"model": "whisper-1", "stream": "true"})
+            out["no_file"] = await http.post(url, files={"model": (None, "whisper-1")})
+            out["bad_format"] = await http.post(url, files={"file": ("k.wav", clip)},
+                                                data={"response_format": "srt"})
+            out["not_audio"] = await http.post(url, files={"file": ("k.wav", b"RIFF not really")})
+            out["too_large"] = await http.post(url, files={"file": ("k.wav", b"\0" * 600_000)})
+            out["get"] = await http.get(url)
+        await server.close()
+        engine.close()
+        return out, engine.pool.in_use
+
+    out, in_use = asyncio.run(main())
+    assert out["json"].status_code == 200
+    text = out["json"].json()["text"]
+    assert wer(ref("kittens"), text) <= MAX_WER, text
+    assert out["text"].headers["content-type"].startswith("text/plain")
+    assert out["text"].text.strip() == text
+    verbose = out["verbose_json"].json()
+    assert verbose["text"] == text
+    assert verbose["duration"] == pytest.approx(len(pcm["kittens"]) / 16000, abs=0.01)
+    assert [(s["start"], s["text"]) for s in verbose["segments"]] == [(0.0, text)]
+    assert verbose["segments"][0]["end"] == pytest.approx(verbose["duration"], abs=0.01)
+
+    assert out["stream"].headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in out["stream"].text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["transcript.text.delta", "transcript.text.done"]
+    assert events[0]["delta"] == text and events[-1]["text"] == text
+
+    for key, status, param in [("no_file", 400, "file"), ("bad_format", 400, "response_format"),
+                               ("not_audio", 400, "file"), ("too_large", 413, "file")]:
+        r = out[key]
+        assert r.status_code == status, (key, r.text)
+        assert r.json()["error"]["param"] == param, (key, r.text)
+        assert r.json()["error"]["message"]
+    assert out["get"].status_code == 405 and "error" in out["get"].json()
+    assert in_use == 0
+
+
+def test_malformed_frames_close_that_connection_only(backend, pcm, tmp_path):
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        good = await Client.connect(path)
+        good.send(wire.encode_open(1, {"partials": False}))
+        bad = await Client.connect(path)
+        bad.send(wire.encode_open(9, {}), b"\xff\xff\xff\xff garbage")
+        closed = await bad.until(lambda got: False) is False  # read until the server hangs up
+        good.send(wire.encode_audio(1, pcm["halt"].tobytes()), wire.encode_end(1))
+        final = await good.final(1)
+        good.close()
+        await until_true(lambda: engine.pool.in_use == 0)
+        await server.close()
+        engine.close()
+        return bad.received, closed, final, server.protocol_errors, engine.pool.in_use
+
+    bad_got, closed, final, errors, in_use = asyncio.run(main())
+    assert closed
+    assert len(bad_got) == 1 and bad_got[0].code == wire.ErrorCode.PROTOCOL and bad_got[0].stream == 0
+    assert "exceeds" in bad_got[0].message
+    assert isinstance(final, wire.Final) and wer(ref("halt"), final.text) <= MAX_WER
+    assert errors == 1
+    assert in_use == 0  # the bad connection's open stream gave its slot back
+
+
+def test_disconnect_mid_stream_frees_the_slot_within_a_second(backend, pcm, tmp_path):
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        c = await Client.connect(path)
+        c.send(wire.encode_open(1, {}), wire.encode_audio(1, pcm["quilter"][:32000].tobytes()))
+        await c.writer.drain()
+        taken = await until_true(lambda: engine.pool.in_use == 1)
+        c.writer.transport.abort()
+        t0 = time.monotonic()
+        while engine.pool.in_use and time.monotonic() - t0 < 1.0:
+            await asyncio.sleep(0.01)
+        freed = engine.pool.in_use == 0
+        connections = len(server.connections)
+        await server.close()
+        engine.close()
+        return taken, freed, connections
+
+    taken, freed, connections = asyncio.run(main())
+    assert taken and freed
+    assert connections == 0
+
+
+def test_a_full_pool_refuses_only_the_new_stream(backend, pcm, tmp_path):
+    async def main():
+        engine, server, path = await serve(backend, tmp_path, capacity=2)
+        a = await Client.connect(path)
+        a.send(wire.encode_open(1, {"partials": False}), wire.encode_open(2, {"partials": False}))
+        await until_true(lambda: engine.pool.in_use == 2)
+        b = await Client.connect(path)
+        b.send(wire.encode_open(1, {}), wire.encode_audio(1, pcm["halt"].tobytes()), wire.encode_end(1))
+        refusal = await b.final(1)
+        a.send(wire.encode_audio(1, pcm["kittens"].tobytes()), wire.encode_end(1),
+               wire.encode_audio(2, pcm["halt"].tobytes()), wire.encode_end(2))
+        finals = [await a.final(1), await a.final(2)]
+        # with the pool free again, the refused client is served on the same connection
+        b.send(wire.encode_open(3, {"partials": False}), wire.encode_audio(3, pcm["halt"].tobytes()),
+               wire.encode_end(3))
+        retry = await b.final(3)
+        a.close()
+        b.close()
+        await server.close()
+        engine.close()
+        return refusal, a.received, finals, b.received, retry
+
+    refusal, a_got, finals, b_got, retry = asyncio.run(main())
+    assert isinstance(refusal, wire.Error) and refusal.code == wire.ErrorCode.CAPACITY
+    assert "ASR slots are in use" in refusal.message
+    assert len([m for m in b_got if isinstance(m, wire.Error)]) == 1  # its audio was not an error
+    assert not any(isinstance(m, wire.Error) for m in a_got)
+    assert wer(ref("kittens"), finals[0].text) <= MAX_WER
+    assert wer(ref("halt"), finals[1].text) <= MAX_WER
+    assert isinstance(retry, wire.Final) and wer(ref("halt"), retry.text) <= MAX_WER
+
+
+def test_remote_backend_shares_the_server_from_worker_threads(backend, pcm, tmp_path):
+    audio, long_text = long_file(pcm)
+    floats = {k: v.astype(np.float32) / 32768 for k, v in pcm.items()}
+
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        remote = RemoteASRBackend(ASRConfig(model=path))
+        await asyncio.to_thread(remote.warmup)
+        calls = [
+            asyncio.to_thread(remote.transcribe_batch, [floats["kittens"], floats["halt"]]),
+            asyncio.to_thread(remote.transcribe_batch, [floats["quilter"]]),
+            asyncio.to_thread(remote.transcribe_batch, [audio.astype(np.float32) / 32768]),  # via shm
+        ]
+        results = await asyncio.gather(*calls)
+        remote.close()
+        await server.close()
+        engine.close()
+        return results
+
+    (kittens, halt), (quilter,), (long,) = asyncio.run(main())
+    assert wer(ref("kittens"), kittens.text) <= MAX_WER
+    assert wer(ref("halt"), halt.text) <= MAX_WER
+    assert wer(ref("quilter"), quilter.text) <= MAX_WER
+    assert wer(long_text, long.text) <= MAX_WER
+
+
+def test_remote_backend_without_a_server_says_how_to_start_one(tmp_path):
+    remote = RemoteASRBackend(ASRConfig(model=str(tmp_path / "nobody.sock")))
+    with pytest.raises(RemoteASRError, match="voxline asr-serve --socket"):
+        remote.warmup()
+
+
+def test_the_asr_serve_command(pcm, tmp_path):
+    path = str(tmp_path / "cli.sock")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "asr-serve", "--socket", path, "--slots", "2"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        line = proc.stdout.readline()
+        assert f"listening on unix:{path}" in line, (line, proc.stderr.read() if proc.poll() else "")
+        remote = RemoteASRBackend(ASRConfig(model=path))
+        (hyp,) = remote.transcribe_batch([pcm["halt"].astype(np.float32) / 32768])
+        remote.close()
+        assert wer(ref("halt"), hyp.text) <= MAX_WER
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    assert rc == 0
