@@ -47,6 +47,13 @@ class ChatHistory:
     def add_assistant(self, text: str, truncated: bool = False) -> None:
         self.entries.append(Message("assistant", text, truncated))
 
+    def discard_turn(self) -> None:
+        """Forget the last user message and what followed it."""
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i].role == "user":
+                del self.entries[i:]
+                return
+
     def messages(self) -> list[dict[str, str]]:
         """The request payload. Empty assistant messages (a reply interrupted before its first
         word) are left out; the truncation flag stays here, since strict servers reject

@@ -63,11 +63,21 @@ class LLMStage(QueuedStage):
                     self.push(LLMTextDelta(token))
                     for chunk in chunks.feed(token):
                         self.push(TextToSpeak(chunk))
-        except (asyncio.CancelledError, Exception):
-            # Interrupted or failed: remember only what was said, and close the reply so
-            # downstream stages are not left waiting. A failure then becomes an ErrorFrame.
+        except asyncio.CancelledError:
+            # Barge-in: the history keeps only what was generated before it.
             partial = "".join(parts).strip()
             self.history.add_assistant(partial, truncated=True)
+            self.push(LLMEnd(text=partial, cancelled=True))
+            raise
+        except Exception:
+            # Close the reply so downstream stages are not left waiting; the failure itself
+            # becomes an ErrorFrame. A request that failed outright (too long for the context,
+            # server down) is forgotten, so it cannot poison every later request.
+            partial = "".join(parts).strip()
+            if partial:
+                self.history.add_assistant(partial, truncated=True)
+            else:
+                self.history.discard_turn()
             self.push(LLMEnd(text=partial, cancelled=True))
             raise
         rest = chunks.flush()

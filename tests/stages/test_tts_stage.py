@@ -1,0 +1,156 @@
+"""The TTS stage: frame order, the ``last`` marker, trace events, and barge-in cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from agent.config import TTSConfig
+from agent.frames import Direction, Frame, Interrupt, LLMEnd, TextToSpeak, TTSAudio
+from agent.pipeline import Pipeline
+from agent.stage import StageContext
+from agent.trace import Trace
+from stages.tts.espeak import EspeakTTS
+from stages.tts.piper import PiperTTS
+from stages.tts.stage import TTSStage
+
+DOWN = Direction.DOWNSTREAM
+
+
+@pytest.fixture(scope="module")
+def espeak() -> EspeakTTS:
+    return EspeakTTS(TTSConfig(backend="espeak"))
+
+
+@pytest.fixture(scope="module")
+def piper() -> PiperTTS:
+    tts = PiperTTS(TTSConfig())
+    tts.warmup()
+    return tts
+
+
+class CountingTTS:
+    """The real backend, counting the chunks it hands out (to see where synthesis stopped)."""
+
+    def __init__(self, inner: PiperTTS) -> None:
+        self.inner = inner
+        self.chunks = 0
+
+    @property
+    def sample_rate(self) -> int:
+        return self.inner.sample_rate
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+        for pcm in self.inner.synthesize(text):
+            self.chunks += 1
+            yield pcm
+
+    def warmup(self) -> None:
+        self.inner.warmup()
+
+
+class Harness:
+    def __init__(self, tts: object, chunk_ms: int = 20) -> None:
+        self.frames: list[Frame] = []
+        self.stage = TTSStage(tts, TTSConfig(chunk_ms=chunk_ms))  # type: ignore[arg-type]
+        self.pipeline = Pipeline([self.stage], on_output=self._out)
+        self.trace = Trace()
+        self.ctx = StageContext(trace=self.trace)
+        self.changed = asyncio.Event()
+
+    def _out(self, frame: Frame) -> None:
+        self.frames.append(frame)
+        self.changed.set()
+
+    async def __aenter__(self) -> Harness:
+        await self.pipeline.start(self.ctx)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pipeline.stop()
+        await self.ctx.cancel_all()
+
+    async def until(self, predicate, timeout: float = 20.0) -> None:  # noqa: ANN001
+        async def wait() -> None:
+            while not predicate(self.frames):
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(wait(), timeout)
+
+    def lasts(self) -> list[TTSAudio]:
+        return [f for f in self.frames if isinstance(f, TTSAudio) and f.last]
+
+
+def test_utterances_come_out_in_order_each_closed_by_one_last_frame(espeak: EspeakTTS) -> None:
+    async def main() -> list[Frame]:
+        async with Harness(espeak) as h:
+            h.trace.begin_turn(speech_end=1)
+            h.pipeline.push(TextToSpeak("Hello there."), DOWN)
+            h.pipeline.push(TextToSpeak("How are you today?"), DOWN)
+            h.pipeline.push(LLMEnd(text="Hello there. How are you today?"), DOWN)
+            await h.until(lambda fs: len([f for f in fs if isinstance(f, TTSAudio) and f.last]) == 2)
+            events = h.trace.current.events  # type: ignore[union-attr]
+            assert events["tts_request"] <= events["tts_first_audio"]
+            return h.frames
+
+    frames = asyncio.run(main())
+    # LLMEnd is not queued behind the synthesis: it passes straight through.
+    assert isinstance(frames[0], LLMEnd)
+    audio = [f for f in frames if isinstance(f, TTSAudio)]
+    cut = next(i for i, f in enumerate(audio) if f.last)
+    first, second = audio[: cut + 1], audio[cut + 1 :]
+    assert [f.last for f in first] == [False] * (len(first) - 1) + [True]
+    assert [f.last for f in second] == [False] * (len(second) - 1) + [True]
+    assert first[-1].text == "Hello there." and second[-1].text == "How are you today?"
+    assert len(first) > 10 and len(second) > 10  # 20 ms chunks of about a second of speech
+    assert all(len(f.pcm) == 320 for f in audio if not f.last)
+
+
+def test_empty_text_still_gets_its_last_frame(espeak: EspeakTTS) -> None:
+    async def main() -> list[Frame]:
+        async with Harness(espeak) as h:
+            h.pipeline.push(TextToSpeak("  "), DOWN)
+            await h.until(lambda fs: len(fs) == 1)
+            return h.frames
+
+    (frame,) = asyncio.run(main())
+    assert isinstance(frame, TTSAudio) and frame.last and len(frame.pcm) == 0
+
+
+def test_interrupt_stops_the_utterance_in_flight_and_the_stage_goes_on(piper: PiperTTS) -> None:
+    counting = CountingTTS(piper)
+    sentences = [
+        "This is the first sentence of a long answer.",
+        "Here comes the second one, which is longer still.",
+        "A third sentence follows it.",
+        "And a fourth, to be sure there is more to say.",
+        "The fifth sentence.",
+        "Finally the sixth and last sentence of the answer.",
+    ]
+
+    async def main() -> tuple[list[Frame], int]:
+        async with Harness(counting) as h:
+            h.pipeline.push(TextToSpeak(" ".join(sentences)), DOWN)
+            await h.until(lambda fs: len(fs) >= 1)
+            before = len(h.frames)
+            h.pipeline.push(Interrupt(), DOWN)
+            # A job queued behind the synthesis runs once the worker has let go of it.
+            loop = asyncio.get_running_loop()
+            await asyncio.wait_for(loop.run_in_executor(h.stage._synth_worker, lambda: None), 20)
+            await asyncio.sleep(0.05)  # let any frame the worker emitted reach the loop
+            assert [type(f) for f in h.frames[before:]] == [Interrupt]  # nothing more of it
+            stopped_at = counting.chunks
+            h.pipeline.push(TextToSpeak("Okay."), DOWN)
+            await h.until(lambda fs: any(isinstance(f, TTSAudio) and f.last for f in fs))
+            return h.frames, stopped_at
+
+    frames, stopped_at = asyncio.run(main())
+    assert stopped_at < len(sentences)  # Piper yields a sentence at a time: it stopped early
+    lasts = [f for f in frames if isinstance(f, TTSAudio) and f.last]
+    assert [f.text for f in lasts] == ["Okay."]  # the interrupted utterance was never closed
+    i = next(i for i, f in enumerate(frames) if isinstance(f, Interrupt))
+    assert all(f.text in ("", "Okay.") for f in frames[i + 1 :] if isinstance(f, TTSAudio))
