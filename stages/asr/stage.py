@@ -1,0 +1,443 @@
+"""Streaming speech recognition for one call: partial transcripts while the caller speaks and one
+final transcript per VAD utterance, with every model call on a worker thread off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import partial
+
+import numpy as np
+
+from agent.config import ASRConfig
+from agent.frames import (
+    AudioIn,
+    EndOfCall,
+    Frame,
+    SpeechPaused,
+    SpeechStarted,
+    SpeechStopped,
+    Transcript,
+)
+from agent.stage import DOWN, Direction, Stage, StageContext
+from stages.asr.agreement import LocalAgreement
+from stages.asr.backend import ASRBackend
+
+PRE_ROLL_MS = 200  # audio kept before SpeechStarted.at: the VAD decides a little late
+END_PAD_MS = 100  # audio kept after the end of speech, so the last word is not clipped
+# The ring holds the longest utterance plus this much: a transcription waiting behind another
+# call still finds its audio. If it waited longer, it reports an error instead of garbage.
+RING_MARGIN_S = 10.0
+CUT_SEARCH_MS = 3000  # a too-long utterance is cut at the quietest place in its last 3 s
+CUT_WINDOW_MS = 100  # ... judged over 100 ms of audio, in 20 ms steps
+_INT16_SCALE = np.float32(1.0 / 32768.0)
+
+
+class _Kind(IntEnum):
+    PARTIAL = 0
+    SPECULATIVE = 1  # the utterance up to a SpeechPaused, before the end is confirmed
+    FINAL = 2
+    SEGMENT = 3  # the first part of a too-long utterance, emitted as a final
+
+
+@dataclass(slots=True, eq=False)
+class _Utterance:
+    """One VAD utterance: SpeechStarted to its final transcript (media samples)."""
+
+    start: int  # first sample transcribed; moves forward when a too-long utterance is cut
+    started_at: int  # SpeechStarted.at
+    partial_end: int  # end of the audio the last partial was requested for
+    stop: SpeechStopped | None = None
+    finalised: bool = False
+    segmented: bool = False
+    prompt: str = ""  # text of the segments cut off before ``start``: the model's context
+    committed: str = ""  # stable prefix of the latest partial: the final's fallback on errors
+    target: int = 0  # end of the audio the final must cover (set by SpeechStopped)
+    spec_wanted: int = 0  # a speculative transcription waits for audio up to here
+    spec_start: int = -1  # the speculative result: audio it covers and its text
+    spec_end: int = -1
+    spec_text: str = ""
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    kind: _Kind
+    utt: _Utterance
+    start: int
+    end: int
+    epoch: int
+    t_ns: int = 0  # arrival of the newest AudioIn in [start, end)
+    fallback: str = ""  # a SEGMENT's text if the model call fails: the stable prefix at the cut
+
+
+class _SharedWorkers:
+    """One single-thread executor per backend, shared by every stream that uses that backend:
+    the model runs one call at a time and its threads are never oversubscribed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: dict[int, tuple[ThreadPoolExecutor, int]] = {}
+
+    def acquire(self, backend: object) -> ThreadPoolExecutor:
+        with self._lock:
+            ex, refs = self._pool.get(id(backend), (None, 0))
+            if ex is None:
+                ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxline-asr")
+            self._pool[id(backend)] = (ex, refs + 1)
+            return ex
+
+    def release(self, backend: object) -> None:
+        with self._lock:
+            ex, refs = self._pool.get(id(backend), (None, 0))
+            if ex is None:
+                return
+            if refs > 1:
+                self._pool[id(backend)] = (ex, refs - 1)
+                return
+            del self._pool[id(backend)]
+        ex.shutdown(wait=False, cancel_futures=True)
+
+
+WORKERS = _SharedWorkers()
+
+
+class StreamingASR(Stage):
+    """Partials and finals for one call's caller audio, from the VAD's speech frames.
+
+    Every frame is forwarded at once and unchanged; transcripts follow the frame that triggered
+    them. Audio goes into a preallocated int16 ring indexed by media sample; only utterance audio
+    (SpeechStarted, less a short pre-roll, to SpeechStopped) ever reaches the backend, and at most
+    one model call per stream is outstanding. While the caller speaks, the utterance is
+    re-transcribed every ``partial_interval_ms`` of new audio; a word prefix two consecutive
+    hypotheses agree on becomes stable (:class:`LocalAgreement`). On ``SpeechPaused`` the
+    utterance is transcribed at once; if ``SpeechStopped`` confirms that end, that result is the
+    final with no further model call. Each ``SpeechStopped`` gets exactly one final transcript,
+    possibly empty; no partial of an utterance follows its final.
+    """
+
+    name = "asr"
+
+    def __init__(self, backend: ASRBackend, cfg: ASRConfig) -> None:
+        super().__init__()
+        self.backend = backend
+        self.cfg = cfg
+        sr = backend.sample_rate
+        self._pre_roll = PRE_ROLL_MS * sr // 1000
+        self._end_pad = END_PAD_MS * sr // 1000
+        self._interval = max(1, cfg.partial_interval_ms * sr // 1000)
+        self._max_utt = int(cfg.max_utterance_s * sr)
+        cap = self._max_utt + self._pre_roll + int(RING_MARGIN_S * sr)
+        self._ring = np.zeros(cap, np.int16)
+        self._scratch = np.zeros(cap, np.float32)  # the one job in flight reads into this
+        self._end = 0  # media sample after the newest audio in the ring
+        self._valid_from = 0  # oldest media sample still in the ring
+        self._last_t_ns = 0
+        self._utt: _Utterance | None = None
+        self._last_utt_end = 0
+        self._agreement = LocalAgreement()
+        self._queue: deque[_Job] = deque()  # speculative/final/segment jobs, in order
+        self._running: _Job | None = None
+        self._future: asyncio.Future[str] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._epoch = 0  # bumped by EndOfCall/stop: results of older jobs are dropped
+        self._closed = False
+        # counters
+        self.backend_calls = 0
+        self.bypassed_chunks = 0
+        self.partials = 0
+        self.finals = 0
+        self.discarded = 0  # results that arrived too late to be used
+        self.speculative_finals = 0  # finals that needed no model call after SpeechStopped
+        self.errors = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self, ctx: StageContext) -> None:
+        await super().start(ctx)
+        self._closed = False
+        if self._executor is None:
+            self._executor = WORKERS.acquire(self.backend)
+
+    async def stop(self) -> None:
+        self._closed = True
+        self._drop_work()
+        if self._future is not None:
+            self._future.cancel()
+        if self._executor is not None:
+            self._executor = None
+            WORKERS.release(self.backend)
+
+    @property
+    def in_speech(self) -> bool:
+        return self._utt is not None
+
+    @property
+    def busy(self) -> bool:
+        """A model call is running or waiting (a final may be on its way)."""
+        return self._running is not None or bool(self._queue)
+
+    # --- frames ------------------------------------------------------------------------------
+    def process(self, frame: Frame, direction: Direction) -> None:
+        self.push(frame, direction)
+        if direction is not DOWN or self._closed:
+            return
+        if isinstance(frame, AudioIn):
+            self._on_audio(frame)
+        elif isinstance(frame, SpeechStarted):
+            self._on_started(frame)
+        elif isinstance(frame, SpeechPaused):
+            self._on_paused(frame)
+        elif isinstance(frame, SpeechStopped):
+            self._on_stopped(frame)
+        elif isinstance(frame, EndOfCall):
+            self._drop_work()
+
+    def _on_audio(self, frame: AudioIn) -> None:
+        self._write(frame.pcm, frame.offset)
+        self._last_t_ns = frame.t_ns
+        u = self._utt
+        if u is None:
+            self.bypassed_chunks += 1
+            return
+        if u.spec_wanted and self._end >= u.spec_wanted:
+            self._queue_speculative(u, u.spec_wanted)
+        elif self._end - u.start >= self._max_utt:
+            self._cut(u)
+        self._kick()
+
+    def _on_started(self, frame: SpeechStarted) -> None:
+        if self._utt is not None:
+            return  # a repeated start: the utterance is already open
+        start = max(frame.at - self._pre_roll, self._valid_from, self._last_utt_end)
+        start = min(start, max(frame.at, self._valid_from))
+        self._utt = _Utterance(start=start, started_at=frame.at, partial_end=start)
+        self._agreement.reset()
+
+    def _on_paused(self, frame: SpeechPaused) -> None:
+        u = self._utt
+        if u is None:
+            return
+        want = max(frame.at + self._end_pad, u.start)
+        if (u.spec_start == u.start and u.spec_end >= want) or self._covering_spec(u, want):
+            return  # already transcribed up to there
+        # Speech resumed since an earlier pause: its speculative result is out of date.
+        self._drop_speculative(u)
+        if self._end >= want:
+            self._queue_speculative(u, want)
+        else:
+            u.spec_wanted = want  # queued once that audio has arrived
+        self._kick()
+
+    def _on_stopped(self, frame: SpeechStopped) -> None:
+        u = self._utt
+        if u is None:  # a stop without a start we saw: transcribe what the VAD says it was
+            start = max(frame.started_at - self._pre_roll, self._valid_from, self._last_utt_end)
+            u = _Utterance(start=min(start, frame.at), started_at=frame.started_at,
+                           partial_end=start)
+        self._utt = None
+        u.stop = frame
+        u.spec_wanted = 0
+        target = max(min(frame.at + self._end_pad, self._end), u.start)
+        u.target = self._last_utt_end = target
+        if u.spec_start == u.start and u.spec_end >= target:
+            self.speculative_finals += 1
+            self._emit_final(u, u.spec_text)
+            return
+        if self._covering_spec(u, target):
+            self.speculative_finals += 1
+            return  # the speculative call in flight or queued becomes the final
+        self._drop_speculative(u)
+        self._queue.append(_Job(_Kind.FINAL, u, u.start, target, self._epoch))
+        self._kick()
+
+    # --- scheduling ----------------------------------------------------------------------------
+    def _covering_spec(self, u: _Utterance, target: int) -> bool:
+        jobs = [self._running] if self._running is not None else []
+        jobs += self._queue
+        return any(
+            j.utt is u and j.kind is _Kind.SPECULATIVE and j.start == u.start and j.end >= target
+            and j.epoch == self._epoch
+            for j in jobs
+        )
+
+    def _queue_speculative(self, u: _Utterance, end: int) -> None:
+        u.spec_wanted = 0
+        self._queue.append(_Job(_Kind.SPECULATIVE, u, u.start, end, self._epoch))
+
+    def _drop_speculative(self, u: _Utterance) -> None:
+        if any(j.utt is u and j.kind is _Kind.SPECULATIVE for j in self._queue):
+            self._queue = deque(
+                j for j in self._queue if not (j.utt is u and j.kind is _Kind.SPECULATIVE)
+            )
+
+    def _kick(self) -> None:
+        """Start the next model call if none is running: queued work first, then a partial."""
+        if self._running is not None or self._closed:
+            return
+        if self._queue:
+            self._launch(self._queue.popleft())
+            return
+        u = self._utt
+        if u is None or self._end - u.partial_end < self._interval:
+            return
+        u.partial_end = self._end
+        self._launch(_Job(_Kind.PARTIAL, u, u.start, self._end, self._epoch, self._last_t_ns))
+
+    def _launch(self, job: _Job) -> None:
+        if self._executor is None:
+            self._executor = WORKERS.acquire(self.backend)
+        self._running = job
+        self.backend_calls += 1
+        loop = asyncio.get_running_loop()
+        # Jobs run in order, so the utterance's prompt already holds every earlier segment.
+        fut = loop.run_in_executor(
+            self._executor, self._transcribe, job.start, job.end, job.utt.prompt
+        )
+        self._future = fut
+        fut.add_done_callback(partial(self._on_done, job))
+
+    def _on_done(self, job: _Job, fut: asyncio.Future[str]) -> None:
+        self._running = None
+        self._future = None
+        if fut.cancelled() or self._closed:
+            return
+        exc = fut.exception()
+        text: str | None = None
+        if exc is not None:
+            self.errors += 1
+            self.push_error(f"{self.name}: transcription failed: {type(exc).__name__}: {exc}")
+        else:
+            text = fut.result()
+        try:
+            if job.epoch == self._epoch:
+                self._deliver(job, text)
+            else:
+                self.discarded += 1
+        finally:
+            self._kick()
+
+    def _deliver(self, job: _Job, text: str | None) -> None:
+        u = job.utt
+        if job.kind is _Kind.PARTIAL:
+            if u.stop is not None or u is not self._utt or job.start != u.start or text is None:
+                self.discarded += 1
+                return
+            shown, stable = self._agreement.update(text)
+            u.committed = self._agreement.committed_text
+            self.partials += 1
+            self.push(Transcript(shown, final=False, start=u.start, end=job.end, stable=stable))
+            trace = self.ctx.trace
+            if trace is not None:
+                trace.partial_lag((time.monotonic_ns() - job.t_ns) / 1e6)
+        elif job.kind is _Kind.SPECULATIVE:
+            if text is not None and job.start == u.start:
+                u.spec_start, u.spec_end, u.spec_text = job.start, job.end, text
+            covers = job.start == u.start and job.end >= u.target
+            if u.stop is not None and not u.finalised and covers:  # the final waited for this
+                if text is not None:
+                    self._emit_final(u, text)
+                else:
+                    self._queue.appendleft(_Job(_Kind.FINAL, u, u.start, u.target, self._epoch))
+        elif job.kind is _Kind.FINAL:
+            self._emit_final(u, text if text is not None else u.committed)
+        else:  # SEGMENT
+            seg = text if text is not None else job.fallback
+            u.prompt = f"{u.prompt} {seg}".strip()
+            self.finals += 1
+            self.push(Transcript(seg, final=True, start=job.start, end=job.end, stable=len(seg)))
+
+    def _emit_final(self, u: _Utterance, text: str) -> None:
+        if u.finalised or u.stop is None:
+            return
+        u.finalised = True
+        stop = u.stop
+        start = u.start if u.segmented else (stop.started_at or u.started_at)
+        self.finals += 1
+        self.push(Transcript(text, final=True, start=start, end=stop.at, stable=len(text)))
+
+    def _cut(self, u: _Utterance) -> None:
+        """End a too-long utterance's current segment at its quietest recent point."""
+        search = CUT_SEARCH_MS * self.backend.sample_rate // 1000
+        cut = self._quietest_point(max(u.start, self._end - search), self._end)
+        self._queue.append(_Job(_Kind.SEGMENT, u, u.start, cut, self._epoch, fallback=u.committed))
+        u.segmented = True
+        u.start = u.partial_end = cut
+        u.spec_start = u.spec_end = -1
+        self._drop_speculative(u)
+        self._agreement.reset()
+
+    def _quietest_point(self, lo: int, hi: int) -> int:
+        step = 20 * self.backend.sample_rate // 1000
+        n = (hi - lo) // step
+        if n < 2:
+            return hi
+        audio = self._span_copy(lo, lo + n * step).astype(np.float32).reshape(n, step)
+        energy = np.einsum("ij,ij->i", audio, audio)
+        width = max(1, min(n, CUT_WINDOW_MS // 20))
+        window = np.convolve(energy, np.ones(width, np.float32), mode="valid")
+        best = int(np.argmin(window))
+        return lo + (best + width // 2) * step
+
+    def _drop_work(self) -> None:
+        """Forget every utterance and queued call; a result still in flight is discarded."""
+        self._epoch += 1
+        self._queue.clear()
+        self._utt = None
+        self._agreement.reset()
+
+    # --- the ring ------------------------------------------------------------------------------
+    def _write(self, pcm: np.ndarray, offset: int) -> None:
+        if pcm.dtype != np.int16:
+            pcm = (np.clip(np.nan_to_num(pcm), -1.0, 1.0) * 32767).astype(np.int16)
+        cap = len(self._ring)
+        n = len(pcm)
+        if self._end == self._valid_from or offset < self._valid_from or offset > self._end + cap:
+            self._valid_from = self._end = offset  # first audio, or a jump in the timeline
+        elif offset > self._end:
+            self._fill(self._end, offset, None)  # a gap: silence
+        self._fill(offset, offset + n, pcm)
+        self._end = max(self._end, offset + n)
+        self._valid_from = max(self._valid_from, self._end - cap)
+
+    def _fill(self, start: int, end: int, pcm: np.ndarray | None) -> None:
+        cap = len(self._ring)
+        if end - start > cap:
+            if pcm is not None:
+                pcm = pcm[end - start - cap :]
+            start = end - cap
+        i = start % cap
+        first = min(end - start, cap - i)
+        if pcm is None:
+            self._ring[i : i + first] = 0
+            self._ring[: end - start - first] = 0
+        else:
+            self._ring[i : i + first] = pcm[:first]
+            self._ring[: end - start - first] = pcm[first:]
+
+    def _span_copy(self, start: int, end: int) -> np.ndarray:
+        cap = len(self._ring)
+        i = start % cap
+        first = min(end - start, cap - i)
+        return np.concatenate((self._ring[i : i + first], self._ring[: end - start - first]))
+
+    def _transcribe(self, start: int, end: int, prompt: str) -> str:
+        """Runs on the worker thread: media samples [start, end) as text."""
+        if start < self._valid_from:
+            raise RuntimeError("utterance audio was overwritten before it was transcribed "
+                               "(the ASR worker fell behind)")
+        n = end - start
+        out = self._scratch[:n]
+        cap = len(self._ring)
+        i = start % cap
+        first = min(n, cap - i)
+        np.multiply(self._ring[i : i + first], _INT16_SCALE, out=out[:first])
+        np.multiply(self._ring[: n - first], _INT16_SCALE, out=out[first:])
+        if start < self._valid_from:  # overwritten while we copied
+            raise RuntimeError("utterance audio was overwritten before it was transcribed "
+                               "(the ASR worker fell behind)")
+        hyp = self.backend.transcribe_batch([out], [prompt] if prompt else None)
+        return hyp[0].text
