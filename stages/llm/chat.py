@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,7 +14,7 @@ class ChatLLM(Protocol):
     (or closing the iterator) stops generation promptly and frees whatever runs it.
     """
 
-    def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[str]: ...
+    def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]: ...
 
     def warmup(self) -> None:
         """Load what the first request would otherwise wait for. Blocking; call it off the loop."""

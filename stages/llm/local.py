@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ class LocalLLM:
     def warmup(self) -> None:
         self._generate([{"role": "user", "content": "Hi"}], 1, lambda _: None, threading.Event())
 
-    async def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
+    async def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         stop = threading.Event()
@@ -94,8 +94,9 @@ class LocalLLM:
             # at the next token. Shielded: a second cancel must not leave it running unseen.
             await asyncio.shield(done)
 
-    def _generate(self, messages: list[dict[str, str]], max_tokens: int, emit: Any,
-                  stop: threading.Event) -> None:
+    def _generate(
+        self, messages: list[dict[str, str]], max_tokens: int, emit: Any, stop: threading.Event
+    ) -> None:
         if stop.is_set():
             return
         chunks = self._llama.create_chat_completion(

@@ -4,7 +4,7 @@ llama.cpp server, Ollama, hosted APIs), streaming the reply as Server-Sent Event
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from agent.config import LLMConfig
@@ -53,7 +53,7 @@ class OpenAILLM:
     def warmup(self) -> None:
         """Nothing to load: the server owns the model."""
 
-    async def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
+    async def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]:
         httpx = self._httpx
         body: dict[str, Any] = {
             "messages": messages,
@@ -98,7 +98,9 @@ class OpenAILLM:
         try:
             obj = json.loads(data)
         except json.JSONDecodeError:
-            raise LLMServerError(self.url, 200, f"not a JSON stream event: {data[:200]!r}") from None
+            raise LLMServerError(
+                self.url, 200, f"not a JSON stream event: {data[:200]!r}"
+            ) from None
         if not isinstance(obj, dict):
             return ""
         if "error" in obj:

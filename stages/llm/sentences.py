@@ -13,7 +13,8 @@ _CLAUSE_MARKS = ",;:"
 _DASHES = "—–"
 # Words whose trailing period does not end a sentence ("Mr. Smith", "e.g. this").
 _ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs e.g i.e approx dept fig inc ltd corp mt ave blvd".split()
+    {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "e.g", "i.e", "approx", "dept"}
+    | {"fig", "inc", "ltd", "corp", "mt", "ave", "blvd"}
 )
 
 

@@ -89,9 +89,8 @@ class SSEParser:
         elif name == "id":
             if "\0" not in value:
                 self.last_id = value
-        elif name == "retry":
-            if value.isdigit():
-                self.retry_ms = int(value)
+        elif name == "retry" and value.isdigit():
+            self.retry_ms = int(value)
         return None
 
     def _dispatch(self) -> SSEEvent | None:

@@ -46,14 +46,22 @@ class EspeakLibrary:
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.espeak_SetParameter.restype = ctypes.c_int
         lib.espeak_Synth.argtypes = [
-            ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
-            ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_uint,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
         ]
         lib.espeak_Synth.restype = ctypes.c_int
         self._lib = lib
         # espeak_Initialize wants the folder that CONTAINS espeak-ng-data.
         home = str(Path(loader.get_data_path()).parent).encode()
-        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, _BUFFER_MS, home, _INITIALIZE_DONT_EXIT)
+        rate = lib.espeak_Initialize(
+            _AUDIO_OUTPUT_SYNCHRONOUS, _BUFFER_MS, home, _INITIALIZE_DONT_EXIT
+        )
         if rate <= 0:
             raise VoxlineError(f"eSpeak NG failed to initialize with data in {home.decode()}")
         self.sample_rate = rate
@@ -70,8 +78,9 @@ class EspeakLibrary:
         pcm = np.ctypeslib.as_array(wav, shape=(n,)).copy()  # the library reuses its buffer
         return 0 if self._sink(pcm) else 1  # 1 aborts the synthesis
 
-    def synthesize(self, text: str, voice: str, speed: float,
-                   sink: Callable[[np.ndarray], bool]) -> None:
+    def synthesize(
+        self, text: str, voice: str, speed: float, sink: Callable[[np.ndarray], bool]
+    ) -> None:
         """Speak ``text`` into ``sink`` (int16 chunks); ``sink`` returns False to abort."""
         data = text.encode("utf-8") + b"\0"
         with self.lock:
@@ -85,8 +94,9 @@ class EspeakLibrary:
             self._lib.espeak_SetParameter(_RATE, round(_DEFAULT_RATE_WPM * speed), 0)
             self._sink = sink
             try:
-                err = self._lib.espeak_Synth(data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8,
-                                             None, None)
+                err = self._lib.espeak_Synth(
+                    data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+                )
             finally:
                 self._sink = None
         if err != 0:

@@ -35,8 +35,11 @@ class TTSStage(QueuedStage):
         self.tts = tts
         self.cfg = cfg
         self.chunk_samples = max(1, SAMPLE_RATE * cfg.chunk_ms // 1000)
-        self._soxr = require("soxr", what="the TTS resampler", extra="embedded") \
-            if tts.sample_rate != SAMPLE_RATE else None
+        self._soxr = (
+            require("soxr", what="the TTS resampler", extra="embedded")
+            if tts.sample_rate != SAMPLE_RATE
+            else None
+        )
         self._synth_worker: ThreadPoolExecutor | None = None
 
     async def start(self, ctx: StageContext) -> None:

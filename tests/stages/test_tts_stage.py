@@ -92,7 +92,9 @@ def test_utterances_come_out_in_order_each_closed_by_one_last_frame(espeak: Espe
             h.pipeline.push(TextToSpeak("Hello there."), DOWN)
             h.pipeline.push(TextToSpeak("How are you today?"), DOWN)
             h.pipeline.push(LLMEnd(text="Hello there. How are you today?"), DOWN)
-            await h.until(lambda fs: len([f for f in fs if isinstance(f, TTSAudio) and f.last]) == 2)
+            await h.until(
+                lambda fs: len([f for f in fs if isinstance(f, TTSAudio) and f.last]) == 2
+            )
             events = h.trace.current.events  # type: ignore[union-attr]
             assert events["tts_request"] <= events["tts_first_audio"]
             return h.frames
