@@ -87,6 +87,8 @@ class VoiceServer:
 
     async def stop(self) -> None:
         for call in list(self.calls.values()):
+            if call is None:  # a call still being set up
+                continue
             if hasattr(call, "ws"):
                 await call.ws.close()
             else:

@@ -167,3 +167,29 @@ def test_inbound_audio_is_cut_into_whole_20ms_frames_at_16k():
     assert all(len(f) == 320 and f.dtype == np.int16 for f in out)
     assert 8 <= len(out) <= 10  # the resampler keeps a few samples back
     assert abs(int(out[-1][160]) - 1000) < 50
+
+
+def test_a_browser_that_never_connects_is_let_go(new_session, pool, monkeypatch):
+    import transports.webrtc.peer as peer
+
+    monkeypatch.setattr(peer, "CONNECT_TIMEOUT_S", 0.5)
+
+    async def main():
+        use_loopback_ice()
+        server = VoiceServer(new_session, port=0)
+        await server.start()
+        pc = RTCPeerConnection(rtc_configuration())
+        pc.createDataChannel("events")
+        pc.addTrack(SineTrack())
+        await pc.setLocalDescription(await pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(f"http://127.0.0.1:{server.port}/offer",
+                                json={"sdp": pc.localDescription.sdp, "type": "offer"})
+            assert r.status == 200  # ... but the answer is never applied
+        assert len(server.calls) == 1 and len(pool.free) == 63
+        await _wait(lambda: not server.calls)
+        assert len(pool.free) == 64 and new_session.sessions[0].closed
+        await pc.close()
+        await server.stop()
+
+    asyncio.run(main())

@@ -31,6 +31,8 @@ log = logging.getLogger("voxline.webrtc")
 # are dropped (counted) for a client that does not read
 MAX_PENDING_EVENTS = 256
 MAX_CHANNEL_BUFFER = 256 * 1024
+# a browser that got its answer but never connects (ICE failed without saying so) is let go
+CONNECT_TIMEOUT_S = 30.0
 
 
 class WebRTCCall:
@@ -66,7 +68,13 @@ class WebRTCCall:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=kind))
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
+        self._spawn(self._watch_connect())
         return self.pc.localDescription
+
+    async def _watch_connect(self) -> None:
+        await asyncio.sleep(CONNECT_TIMEOUT_S)
+        if self.pc.connectionState != "connected":
+            self.close_soon("never connected")
 
     # --- events out --------------------------------------------------------------------------
     def _send_event(self, text: str) -> None:

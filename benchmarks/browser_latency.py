@@ -1,0 +1,82 @@
+"""Voice-to-voice latency as the browser sees it, over WebSocket and over WebRTC.
+
+Headless Chromium calls the server with the embedded models; its fake microphone plays a real
+recording ``--turns`` times with silences between. Per turn, two numbers:
+
+- page: from the last moment the page's microphone carried speech (AnalyserNode on the captured
+  track, polled every 20 ms) to the first agent audio in the page's playback AnalyserNode;
+- trace: the server's own ``voice_to_voice`` span (VAD's end of speech → first agent audio
+  frame handed to the transport).
+
+Their difference is what the transport (and the browser's capture and playout buffers) adds to
+the pipeline. Prints a table and one JSON line.
+
+    python benchmarks/browser_latency.py [--turns 4] [--transports ws,webrtc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from test_browser_call import CLIP, browser_call, read_clip, session_factory, write_mic  # noqa: E402
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--gap", type=float, default=7.0, help="silence after each utterance (s)")
+    ap.add_argument("--transports", default="ws,webrtc")
+    args = ap.parse_args()
+
+    from agent.config import Config
+    from agent.presets import load_models
+
+    cfg = Config()
+    models = (cfg, load_models(cfg))
+    clip = read_clip(CLIP[0])
+    parts: list[np.ndarray | float] = [0.8]
+    for _ in range(args.turns):
+        parts += [clip, args.gap]
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        mic = write_mic(Path(tmp) / "mic.wav", *parts, 10.0)
+        for transport in args.transports.split(","):
+            until = (f"v.traces.filter(t => t.kind === 'turn' && t.complete).length >= {args.turns}"
+                     f" && v.voiceToVoiceMs.length >= {args.turns}")
+            timeout = 20 + args.turns * (len(clip) / 16000 + args.gap) * 1.5
+            state, _, _ = asyncio.run(browser_call(
+                session_factory(models), mic, transport, until,
+                f"voxline-latency-{transport}.png", timeout_s=timeout))
+            trace = [t["spans"]["voice_to_voice"]["ms"] for t in state["traces"]
+                     if t["kind"] == "turn" and t["complete"] and "voice_to_voice" in t["spans"]]
+            page = [float(x) for x in state["voiceToVoiceMs"]]
+            n = min(len(trace), len(page))
+            added = [page[i] - trace[i] for i in range(n)]
+            results[transport] = {"page_ms": page, "trace_ms": trace, "added_ms": added}
+    print(f"{'transport':10} {'turns':>5} {'page p50':>9} {'page p95':>9} {'trace p50':>10} "
+          f"{'added p50':>10} {'added p95':>10}")
+    for name, r in results.items():
+        print(f"{name:10} {len(r['page_ms']):5d} {pct(r['page_ms'], 50):9.0f} "
+              f"{pct(r['page_ms'], 95):9.0f} {pct(r['trace_ms'], 50):10.0f} "
+              f"{pct(r['added_ms'], 50):10.0f} {pct(r['added_ms'], 95):10.0f}")
+    print(json.dumps({"benchmark": "browser_latency", "turns": args.turns, "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
