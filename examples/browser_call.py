@@ -16,6 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contextlib
+
 from agent.config import Config  # noqa: E402
 from agent.presets import build_pipeline, load_models  # noqa: E402
 from agent.session import Session  # noqa: E402
@@ -47,7 +49,5 @@ if __name__ == "__main__":
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
     a = ap.parse_args()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(a.host, a.port))
-    except KeyboardInterrupt:
-        pass

@@ -8,6 +8,7 @@ runs on the event loop, even when a stage records a trace event from its worker 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -78,7 +79,5 @@ class CallEvents:
     def detach(self) -> None:
         """Stop forwarding (the client is gone); the session may still emit while it closes."""
         self._send = None
-        try:
+        with contextlib.suppress(ValueError):
             self.session.trace.listeners.remove(self._on_turn)
-        except ValueError:
-            pass

@@ -150,7 +150,11 @@ class VoiceServer:
 
     async def _offer(self, request: web.Request) -> web.Response:
         self._check(request)
-        from transports.webrtc.ice import keep_loopback_candidates, rtc_configuration, use_loopback_ice
+        from transports.webrtc.ice import (
+            keep_loopback_candidates,
+            rtc_configuration,
+            use_loopback_ice,
+        )
         from transports.webrtc.peer import WebRTCCall
 
         try:

@@ -8,14 +8,13 @@ import time
 
 import numpy as np
 import pytest
+from test_browser_call import CLIP, _require_browser, browser_call, read_clip, write_mic
 
 from agent.frames import SpeechStopped, Transcript, TTSAudio
 from agent.pipeline import Pipeline
 from agent.session import Session
 from agent.stage import Stage
 from agent.trace import Trace
-
-from test_browser_call import CLIP, _require_browser, browser_call, read_clip, write_mic
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from transports.server import VoiceServer
-from transports.websocket import codec
 
 FRAME = np.full(320, 1000, np.int16)
 
