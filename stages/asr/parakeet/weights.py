@@ -95,8 +95,11 @@ def build_model(dims: ParakeetDims, state: Mapping[str, torch.Tensor]) -> Parake
             f"the checkpoint's weights do not match its config ({len(problems)} problems):\n  {shown}{more}"
         )
 
-    model = ParakeetTDT(dims) if _is_small(dims) else _empty_model(dims)
-    model.load_state_dict(mapped, strict=False, assign=not _is_small(dims))
+    model = _empty_model(dims)
+    model.load_state_dict(mapped, strict=False, assign=True)
+    leftover = [name for name, t in model.state_dict().items() if t.is_meta]
+    if leftover:
+        raise CheckpointError(f"weights left unset after loading: {', '.join(leftover[:5])}")
     model.features.to(torch.float32)
     return model.eval()
 
@@ -114,17 +117,13 @@ def _nemo_name(key: str, dims: ParakeetDims) -> str:
     return key
 
 
-def _is_small(dims: ParakeetDims) -> bool:
-    return dims.encoder.n_layers * dims.encoder.d_model**2 < 50_000_000
-
-
 def _empty_model(dims: ParakeetDims) -> ParakeetTDT:
     """A model whose big tensors are left unallocated until the checkpoint's are assigned:
     initialising 600 M random parameters only to overwrite them costs seconds."""
     with torch.device("meta"):
         model = ParakeetTDT(dims)
     model.features = type(model.features)(dims.front_end)  # real buffers, maybe overwritten below
-    for name, module in model.named_modules():
+    for module in model.modules():
         if isinstance(module, torch.nn.BatchNorm1d):
             module.register_buffer("num_batches_tracked", torch.zeros((), dtype=torch.long))
     return model
