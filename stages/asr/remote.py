@@ -7,6 +7,7 @@ else ``$VOXLINE_ASR_SOCKET``, else :data:`stages.asr.wire.DEFAULT_SOCKET`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -156,10 +157,8 @@ class RemoteASRBackend:
     def _broken(self, why: object) -> None:
         """Fail every waiting caller; the next call reconnects. Called with the lock held."""
         if self._sock is not None:
-            try:
+            with contextlib.suppress(OSError):  # already gone
                 self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             self._sock = None
         waiters, self._waiters = self._waiters, {}
         for fut in waiters.values():
