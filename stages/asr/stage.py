@@ -153,6 +153,7 @@ class StreamingASR(Stage):
         self.finals = 0
         self.discarded = 0  # results that arrived too late to be used
         self.speculative_finals = 0  # finals that needed no model call after SpeechStopped
+        self.flushed = 0  # finals emitted without their model call because the call ended
         self.errors = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -182,6 +183,9 @@ class StreamingASR(Stage):
 
     # --- frames ------------------------------------------------------------------------------
     def process(self, frame: Frame, direction: Direction) -> None:
+        if isinstance(frame, EndOfCall) and direction is DOWN and not self._closed:
+            self._flush_finals()  # they belong before the end of the call
+            self._drop_work()
         self.push(frame, direction)
         if direction is not DOWN or self._closed:
             return
@@ -193,8 +197,6 @@ class StreamingASR(Stage):
             self._on_paused(frame)
         elif isinstance(frame, SpeechStopped):
             self._on_stopped(frame)
-        elif isinstance(frame, EndOfCall):
-            self._drop_work()
 
     def _on_audio(self, frame: AudioIn) -> None:
         self._write(frame.pcm, frame.offset)
@@ -329,7 +331,8 @@ class StreamingASR(Stage):
             shown, stable = self._agreement.update(text)
             u.committed = self._agreement.committed_text
             self.partials += 1
-            self.push(Transcript(shown, final=False, start=u.start, end=job.end, stable=stable))
+            start = u.start if u.segmented else u.started_at
+            self.push(Transcript(shown, final=False, start=start, end=job.end, stable=stable))
             trace = self.ctx.trace
             if trace is not None:
                 trace.partial_lag((time.monotonic_ns() - job.t_ns) / 1e6)
@@ -381,6 +384,22 @@ class StreamingASR(Stage):
         window = np.convolve(energy, np.ones(width, np.float32), mode="valid")
         best = int(np.argmin(window))
         return lo + (best + width // 2) * step
+
+    def _flush_finals(self) -> None:
+        """Emit every final still owed, at once, with the best text at hand: the covering
+        speculative result, else the stable prefix. The call is ending; nobody waits for more."""
+        jobs = ([self._running] if self._running is not None else []) + list(self._queue)
+        for job in jobs:
+            if job.epoch != self._epoch:
+                continue
+            u = job.utt
+            if job.kind is _Kind.SEGMENT and job is not self._running:
+                self.flushed += 1
+                self.push(Transcript(job.fallback, final=True, start=job.start, end=job.end))
+            elif u.stop is not None and not u.finalised:
+                covered = u.spec_start == u.start and u.spec_end >= u.target
+                self.flushed += 1
+                self._emit_final(u, u.spec_text if covered else u.committed)
 
     def _drop_work(self) -> None:
         """Forget every utterance and queued call; a result still in flight is discarded."""

@@ -299,6 +299,19 @@ def test_end_of_call_mid_speech_flushes_without_hanging(whisper):
     assert not transcripts(frames[end:])  # nothing of the call comes after its end
 
 
+def test_end_of_call_right_after_a_stop_still_delivers_that_final_first(whisper):
+    script, spans = utterances((silence(0.2), False), (clip(HALT[0]), True),
+                               pause_first=False)
+    script.audio = np.concatenate([script.audio, silence(0.32)])
+    stage, frames, busy = run_stage(Counting(whisper), script, frame_s=0.0, end_call=True)
+    assert not busy
+    kinds = [type(f).__name__ for f in frames if not isinstance(f, AudioIn)]
+    assert kinds[-3:] == ["SpeechStopped", "Transcript", "EndOfCall"], kinds
+    final = frames[-2]
+    assert final.final and (final.start, final.end) == spans[0]
+    assert sum(isinstance(f, Transcript) and f.final for f in frames) == 1
+
+
 def test_frames_pass_through_before_start_of_work():
     class Unused:
         name, sample_rate, max_batch = "unused", SR, 1
