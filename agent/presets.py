@@ -18,6 +18,7 @@ REGISTRY: dict[str, dict[str, str]] = {
     "asr": {
         "whisper": "stages.asr.whisper:WhisperBackend",
         "parakeet": "stages.asr.parakeet.backend:ParakeetBackend",
+        "remote": "stages.asr.remote:RemoteASRBackend",  # a shared `voxline asr-serve`
     },
     "llm": {
         "local": "stages.llm.local:LocalLLM",
