@@ -63,7 +63,7 @@ async def _call() -> None:
     dtmf: list = []
     sessions: list[Session] = []
     server = SipServer(lambda: Session(Pipeline([SpeakBack(dtmf)])), port=0,
-                       rtp_ports=(42000, 42100), on_call=lambda cid, s: sessions.append(s))
+                       rtp_ports=(42000, 42100), on_call=lambda call: sessions.append(call.session))
     host, port = await server.start()
     sip, rtp = udp(), udp()
     offer = SDP_OFFER.replace("m=audio 6000", f"m=audio {rtp.getsockname()[1]}")

@@ -54,8 +54,8 @@ class SipServer(asyncio.DatagramProtocol):
     """``await start()`` binds ``host:port``; each call gets an RTP port from ``rtp_ports``.
 
     ``media_address`` is what the SDP answer tells the caller to send RTP to (the host behind
-    NAT would put its public address there). ``on_call`` sees each new session before it
-    starts, so an application can listen to its frames.
+    NAT would put its public address there). ``on_call`` sees each new call (its session and
+    media stream) before the session starts, so an application can listen to its frames.
     """
 
     def __init__(
@@ -66,7 +66,7 @@ class SipServer(asyncio.DatagramProtocol):
         rtp_ports: tuple[int, int] = (40000, 40999),
         media_address: str = "",
         max_calls: int = 100,
-        on_call: Callable[[str, Session], None] | None = None,
+        on_call: Callable[[SipCall], None] | None = None,
         on_end: Callable[[CallReport], None] | None = None,
     ) -> None:
         self.session_factory = session_factory
@@ -160,8 +160,9 @@ class SipServer(asyncio.DatagramProtocol):
             media = RtpMediaStream(session, codec, (offer.offer.address, offer.offer.port),
                                    dtmf_payload_type=offer.answer.telephone_event)
             port = await self._open_rtp(media)
+            call = SipCall(offer.call_id, session, media)
             if self.on_call is not None:
-                self.on_call(offer.call_id, session)
+                self.on_call(call)
             await session.start()
         except Exception:
             log.exception("call %s: could not set up the session", offer.call_id)
@@ -175,7 +176,7 @@ class SipServer(asyncio.DatagramProtocol):
             await media.close()
             await session.close("cancel")
             return
-        self.calls[offer.call_id] = SipCall(offer.call_id, session, media)
+        self.calls[offer.call_id] = call
         answer = build_answer(offer.answer, self.media_address, port)
         self._send(self.uas.accept(offer.call_id, answer, time.monotonic()))
 

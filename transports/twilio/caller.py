@@ -43,6 +43,7 @@ class CallerLog:
     marks_echoed: list[str] = field(default_factory=list)
     clears: list[float] = field(default_factory=list)  # seconds since the stream started
     dropped_by_clear: int = 0  # chunks the bot's clear removed from the handset buffer
+    barge_in_s: float | None = None  # when the caller started talking over the bot
     malformed: int = 0
 
     @property
@@ -55,6 +56,8 @@ class TwilioCaller:
 
     ``dtmf`` maps a time in seconds to a digit pressed then; ``tail_s`` keeps the call open
     after the audio so the bot can answer; ``until`` ends that tail early once it returns true.
+    ``barge_in`` is more caller speech, started ``barge_in_after_s`` after the bot's audio
+    first plays: the caller talking over the agent.
     """
 
     def __init__(self, stream_sid: str = "", call_sid: str = "") -> None:
@@ -65,28 +68,42 @@ class TwilioCaller:
         self._t0 = 0.0
 
     async def run(self, ws: Any, audio8k: np.ndarray, dtmf: dict[float, str] | None = None,
-                  tail_s: float = 10.0, until: Any = None) -> CallerLog:
+                  tail_s: float = 10.0, until: Any = None, barge_in: np.ndarray | None = None,
+                  barge_in_after_s: float = 1.0) -> CallerLog:
         self._t0 = time.monotonic()
         await ws.send(Connected().to_json())
         await ws.send(Start(self.stream_sid, self.call_sid, "AC" + "0" * 32, sequence=1).to_json())
         reader = asyncio.get_running_loop().create_task(self._read(ws))
         try:
-            await self._stream(ws, audio8k, dict(dtmf or {}), tail_s, until)
+            await self._stream(ws, audio8k, dict(dtmf or {}), tail_s, until, barge_in,
+                               barge_in_after_s)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
         return self.log
 
     async def _stream(self, ws: Any, audio8k: np.ndarray, dtmf: dict[float, str],
-                      tail_s: float, until: Any) -> None:
+                      tail_s: float, until: Any, barge_in: np.ndarray | None,
+                      barge_in_after_s: float) -> None:
         seq = 2
         n_audio = -(-len(audio8k) // CHUNK)
         n_total = n_audio + int(tail_s / CHUNK_S)
         silence = np.zeros(CHUNK, np.int16)
+        extra = np.zeros(0, np.int16)  # barge-in speech still to send
         for k in range(n_total):
-            if k >= n_audio and until is not None and until():
+            heard_at = self.log.first_agent_audio_s
+            if (barge_in is not None and heard_at is not None
+                    and k * CHUNK_S >= heard_at + barge_in_after_s):
+                extra, barge_in = barge_in, None
+                self.log.barge_in_s = k * CHUNK_S
+            if k >= n_audio and not len(extra) and until is not None and until():
                 break
-            chunk = audio8k[k * CHUNK:(k + 1) * CHUNK] if k < n_audio else silence
+            if k < n_audio:
+                chunk = audio8k[k * CHUNK:(k + 1) * CHUNK]
+            elif len(extra):
+                chunk, extra = extra[:CHUNK], extra[CHUNK:]
+            else:
+                chunk = silence
             if len(chunk) < CHUNK:
                 chunk = np.concatenate([chunk, silence[: CHUNK - len(chunk)]])
             await ws.send(Media(self.stream_sid, ulaw_encode(chunk), chunk=k + 1,

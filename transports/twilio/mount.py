@@ -1,0 +1,75 @@
+"""Twilio Media Streams mounted on an aiohttp application (the browser server's), so one port
+serves the browser demo and phone calls: ``add_twilio_routes(app, session_factory)``.
+
+aiohttp also takes Twilio's default POST webhook for the TwiML, which the standalone
+``websockets`` server cannot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from transports.twilio.call import TwilioCall
+from transports.twilio.server import SessionFactory, TwilioCallReport, handle_media_stream
+from transports.twilio.twiml import connect_stream_twiml
+
+log = logging.getLogger("voxline.twilio")
+
+
+class _AiohttpSocket:
+    """aiohttp's WebSocketResponse seen through the two calls ``handle_media_stream`` makes."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    async def recv(self) -> str | bytes:
+        from aiohttp import WSMsgType
+
+        msg = await self.ws.receive()
+        if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+            return msg.data  # type: ignore[no-any-return]
+        raise ConnectionError(f"Twilio WebSocket closed ({msg.type.name})")
+
+    async def send(self, message: str) -> None:
+        await self.ws.send_str(message)
+
+
+def add_twilio_routes(
+    app: Any,
+    session_factory: SessionFactory,
+    public_url: str = "",
+    media_path: str = "/twilio/media",
+    twiml_path: str = "/twilio/twiml",
+    on_call: Callable[[TwilioCall], None] | None = None,
+    on_end: Callable[[TwilioCallReport], None] | None = None,
+) -> None:
+    """Add ``GET|POST twiml_path`` (the TwiML) and ``GET media_path`` (the media WebSocket)."""
+    from aiohttp import web
+
+    def stream_url(request: web.Request) -> str:
+        base = public_url or f"{'wss' if request.secure else 'ws'}://{request.host}"
+        base = base.replace("https://", "wss://").replace("http://", "ws://").rstrip("/")
+        return base + media_path
+
+    async def twiml(request: web.Request) -> web.Response:
+        return web.Response(text=connect_stream_twiml(stream_url(request)),
+                            content_type="text/xml")
+
+    async def media(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=2**16)
+        await ws.prepare(request)
+        try:
+            report = await handle_media_stream(_AiohttpSocket(ws), session_factory, on_call)
+        except Exception:
+            log.exception("Twilio media stream failed")
+            report = None
+        if report is not None and on_end is not None:
+            on_end(report)
+        await ws.close()
+        return ws
+
+    app.router.add_route("GET", twiml_path, twiml)
+    app.router.add_route("POST", twiml_path, twiml)
+    app.router.add_route("GET", media_path, media)
