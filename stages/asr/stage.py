@@ -284,7 +284,9 @@ class StreamingASR(Stage):
             self._launch(self._queue.popleft())
             return
         u = self._utt
-        if u is None or self._end - u.partial_end < self._interval:
+        # A speculative call waiting for its last audio goes first: a partial started now would
+        # delay it, and with it the final, by a whole model call.
+        if u is None or u.spec_wanted or self._end - u.partial_end < self._interval:
             return
         u.partial_end = self._end
         self._launch(_Job(_Kind.PARTIAL, u, u.start, self._end, self._epoch, self._last_t_ns))
