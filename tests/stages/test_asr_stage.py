@@ -2,6 +2,7 @@
 agreement, one final per utterance, silence bypass, speculative finals, long utterances, errors."""
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,10 +62,12 @@ class Counting:
         self.name, self.sample_rate, self.max_batch = inner.name, inner.sample_rate, inner.max_batch
         self.calls = 0
         self.lengths: list[int] = []
+        self.threads: set[int] = set()
         self.fail_calls = fail_calls
 
     def transcribe_batch(self, audio, prompts=None):
         self.calls += 1
+        self.threads.add(threading.get_ident())
         self.lengths.extend(len(a) for a in audio)
         if self.calls in self.fail_calls:
             raise RuntimeError("backend broke on purpose")
@@ -210,6 +213,7 @@ def test_two_utterances_in_real_time(whisper):
     # silence never reached the model: every buffer fits in an utterance plus its pre-roll and
     # the VAD's 300 ms between SpeechPaused and SpeechStopped (partials go on until the stop)
     assert be.calls == stage.backend_calls > 0
+    assert threading.get_ident() not in be.threads  # never on the event loop's thread
     longest = max(b - a for a, b in spans) + (200 + 300 + 20) * SR // 1000
     assert max(be.lengths) <= longest
     speech_frames = sum(
@@ -310,6 +314,22 @@ def test_end_of_call_right_after_a_stop_still_delivers_that_final_first(whisper)
     final = frames[-2]
     assert final.final and (final.start, final.end) == spans[0]
     assert sum(isinstance(f, Transcript) and f.final for f in frames) == 1
+
+
+def test_streams_of_one_backend_share_one_worker_thread(whisper):
+    async def main():
+        a, b = StreamingASR(whisper, ASRConfig()), StreamingASR(whisper, ASRConfig())
+        await a.start(StageContext())
+        await b.start(StageContext())
+        shared = a._executor
+        same = shared is b._executor and shared._max_workers == 1
+        await a.stop()
+        alive_after_one = not shared._shutdown
+        await b.stop()
+        return same, alive_after_one, shared._shutdown, a._executor, b._executor
+
+    same, alive_after_one, shut, ex_a, ex_b = asyncio.run(main())
+    assert same and alive_after_one and shut and ex_a is None and ex_b is None
 
 
 def test_frames_pass_through_before_start_of_work():

