@@ -141,7 +141,10 @@ function watchLevels(ctx, micSource, agentOut) {
     state.agentMaxRms = Math.max(state.agentMaxRms, a);
     if (m > 0.01) lastVoice = now;
     if (a > 0.005) {
-      if (!agentOn && lastVoice && lastVoice > agentQuietSince) state.voiceToVoiceMs.push(Math.round(now - lastVoice));
+      // the agent starting while the caller still speaks is not a voice-to-voice turn
+      if (!agentOn && lastVoice && lastVoice > agentQuietSince && now - lastVoice >= 40) {
+        state.voiceToVoiceMs.push(Math.round(now - lastVoice));
+      }
       agentOn = true; agentQuietSince = 0;
     } else if (agentOn) { agentOn = false; agentQuietSince = now; }
     canvas.fillStyle = '#f1f3f6'; canvas.fillRect(0, 0, 160, 28);
