@@ -25,11 +25,14 @@ def _stream(in_rate: int, out_rate: int) -> object:
 
 
 class NarrowbandDecoder:
-    """G.711 payloads in, 16 kHz int16 PCM out (about twice as many samples as bytes in)."""
+    """G.711 payloads in, 16 kHz int16 PCM out: twice as many samples as bytes in, from the first
+    packet on (the resampler is primed with silence, so it never withholds a packet's worth)."""
 
     def __init__(self, codec: G711Codec) -> None:
         self.codec = codec
         self._up = _stream(NARROWBAND_RATE, PIPELINE_RATE)
+        for _ in range(2):
+            self._up.resample_chunk(np.zeros(PACKET_SAMPLES, np.int16))  # type: ignore[attr-defined]
 
     def decode(self, payload: bytes) -> np.ndarray:
         return self._up.resample_chunk(self.codec.decode(payload))  # type: ignore[attr-defined]
@@ -44,15 +47,17 @@ class NarrowbandEncoder:
 
     The resampler's output does not line up with 20 ms boundaries (it holds a few ms back), so
     leftover 8 kHz samples wait in a small FIFO for the next frame; ``drain`` pads the tail of an
-    utterance with silence so no agent audio is left behind.
+    utterance with silence so no agent audio is left behind. The resampler is primed with one
+    frame of silence, so the first frame of agent audio already fills a packet instead of
+    waiting a packet time for the filter's delay.
     """
 
     def __init__(self, codec: G711Codec) -> None:
         self.codec = codec
-        self._down = _stream(PIPELINE_RATE, NARROWBAND_RATE)
-        self._fifo = np.zeros(0, np.int16)
+        self.reset()
 
     def encode(self, pcm16k: np.ndarray) -> list[bytes]:
+        self._primed_only = False
         narrow = self._down.resample_chunk(pcm16k)  # type: ignore[attr-defined]
         self._fifo = np.concatenate([self._fifo, narrow]) if len(self._fifo) else narrow
         out: list[bytes] = []
@@ -63,11 +68,12 @@ class NarrowbandEncoder:
 
     @property
     def pending(self) -> int:
-        return len(self._fifo)
+        return 0 if self._primed_only else len(self._fifo)
 
     def drain(self) -> bytes | None:
-        """The leftover samples as one packet padded with silence, or None when there are none."""
-        if not len(self._fifo):
+        """The leftover samples as one packet padded with silence, or None when there are none
+        (the priming silence alone is no agent audio)."""
+        if self._primed_only or not len(self._fifo):
             return None
         pad = np.zeros(PACKET_SAMPLES, np.int16)
         pad[: len(self._fifo)] = self._fifo
@@ -75,6 +81,7 @@ class NarrowbandEncoder:
         return self.codec.encode(pad)
 
     def reset(self) -> None:
-        """Barge-in: forget the buffered tail and the filter history of the flushed audio."""
+        """A fresh, primed resampler (also on barge-in: forget the flushed audio's tail)."""
         self._down = _stream(PIPELINE_RATE, NARROWBAND_RATE)
-        self._fifo = np.zeros(0, np.int16)
+        self._fifo = self._down.resample_chunk(np.zeros(2 * PACKET_SAMPLES, np.int16))  # type: ignore[attr-defined]
+        self._primed_only = True

@@ -21,6 +21,10 @@ from transports.rtp.packet import Packetizer, RtpParseError, parse_rtp
 
 log = logging.getLogger("voxline.rtp")
 PTIME_S = 0.020
+# Callers stop sending RTP during silence (silence suppression, DTX, a stream that ended), but
+# the VAD only ends a turn after hearing silence; when no caller audio has come for this long,
+# the transport feeds silence at the packet rate so the media clock, and the turn, go on.
+FILL_SILENCE_AFTER_NS = 100_000_000
 
 
 @dataclass(slots=True)
@@ -32,6 +36,7 @@ class MediaStats:
     agent_packets_out: int = 0  # packets that carried agent audio (not comfort silence)
     echoed_in: int = 0  # our own packets coming back (a peer in echo/loopback mode)
     late_ticks: int = 0  # pacing ticks that ran more than one packet late
+    silence_filled: int = 0  # 20 ms frames of silence fed while the caller sent no audio
     dtmf: str = ""
 
 
@@ -63,6 +68,7 @@ class RtpMediaStream(asyncio.DatagramProtocol):
         self._sender: asyncio.Task[None] | None = None
         self._silence = bytes([codec.silence]) * 160
         self._talking = False
+        self._last_audio_ns = 0
         # a list here collects the payloads of our own packets a peer echoes back (loopback
         # diagnostics: proves what we sent arrived, and lets a test measure its energy)
         self.echo_payloads: list[bytes] | None = None
@@ -98,6 +104,7 @@ class RtpMediaStream(asyncio.DatagramProtocol):
                 self._ssrc_in = pkt.ssrc
                 self.jitter = JitterBuffer(depth=self.jitter.depth)
             now = time.monotonic_ns()
+            self._last_audio_ns = now
             for payload in self.jitter.push(pkt.sequence, pkt.payload):
                 pcm = self._decoder.decode(payload) if payload else self._decoder.conceal()
                 if len(pcm):
@@ -130,7 +137,14 @@ class RtpMediaStream(asyncio.DatagramProtocol):
         self.stats.packets_out += 1
 
     def tick(self) -> None:
-        """One 20 ms packet time: at most one packet of agent audio, else comfort silence."""
+        """One 20 ms packet time: at most one packet of agent audio, else comfort silence; and
+        caller silence into the session when the caller has gone quiet on the wire."""
+        now = time.monotonic_ns()
+        if self._last_audio_ns and now - self._last_audio_ns > FILL_SILENCE_AFTER_NS:
+            pcm = self._decoder.conceal()
+            self.stats.silence_filled += 1
+            if len(pcm):
+                self.session.send_audio(pcm, now)
         playout = self.session.playout
         frame = playout.pull()
         payloads = self._encoder.encode(frame) if frame is not None else []
