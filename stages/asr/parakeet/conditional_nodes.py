@@ -72,6 +72,14 @@ class _CudaPython:
         self._keep_alive: list[Any] = []
 
     @staticmethod
+    def cast(kind: Any, handle: Any) -> Any:
+        """Re-type a runtime handle as a driver one (or back); 13.x checks argument types."""
+        try:
+            return kind(int(handle))
+        except (TypeError, ValueError):
+            return handle
+
+    @staticmethod
     def ok(result: Any) -> Any:
         """Unwrap ``(err, *values)``; raise on a non-success code."""
         err, *values = result if isinstance(result, tuple) else (result,)
@@ -125,27 +133,24 @@ class _CudaPython:
         _, graph, deps = self.capture_info(stream)
         params = drv.CUgraphNodeParams()
         params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
-        params.conditional.handle = handle
+        params.conditional.handle = self.cast(drv.CUgraphConditionalHandle, handle)
         params.conditional.type = drv.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
         params.conditional.size = 1
         if self.version == (12, 3):  # 12.3.0 did not allocate the output slot itself
             params.conditional.phGraph_out = [drv.CUgraph()]
         params.conditional.ctx = self.ok(drv.cuCtxGetCurrent())
+        graph_d = self.cast(drv.CUgraph, graph)
+        deps_d = [self.cast(drv.CUgraphNode, d) for d in deps]
+        update = rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies
         if self.edge_data:
-            node = self.ok(drv.cuGraphAddNode(graph, deps, None, len(deps), params))
-            self.ok(
-                rt.cudaStreamUpdateCaptureDependencies(
-                    stream, [node], None, 1, rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies
-                )
-            )
+            node = self.ok(drv.cuGraphAddNode(graph_d, deps_d, None, len(deps_d), params))
+            node_r = self.cast(rt.cudaGraphNode_t, node)
+            self.ok(rt.cudaStreamUpdateCaptureDependencies(stream, [node_r], None, 1, update))
         else:
-            node = self.ok(drv.cuGraphAddNode(graph, deps, len(deps), params))
-            self.ok(
-                rt.cudaStreamUpdateCaptureDependencies(
-                    stream, [node], 1, rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies
-                )
-            )
-        body_graph = params.conditional.phGraph_out[0]
+            node = self.ok(drv.cuGraphAddNode(graph_d, deps_d, len(deps_d), params))
+            node_r = self.cast(rt.cudaGraphNode_t, node)
+            self.ok(rt.cudaStreamUpdateCaptureDependencies(stream, [node_r], 1, update))
+        body_graph = self.cast(rt.cudaGraph_t, params.conditional.phGraph_out[0])
         body_stream = torch.cuda.Stream(flag.device)
         previous = torch.cuda.current_stream(flag.device)
         self.ok(

@@ -67,12 +67,12 @@ class ParakeetTranscriber:
         """One padded batch → projected encoder frames (B, T', J) and their lengths."""
         n_fft = self.model.dims.front_end.n_fft
         longest = max([len(a) for a in audio] + [n_fft])  # the STFT needs at least one window
-        host = torch.zeros(len(audio), longest, dtype=torch.float32)
+        # Page-locked on CUDA (the caching host allocator reuses it), so the copy is async.
+        host = torch.empty(len(audio), longest, dtype=torch.float32, pin_memory=self.device.type == "cuda")
         for row, a in enumerate(audio):
             host[row, : len(a)] = torch.from_numpy(np.asarray(a, dtype=np.float32))
+            host[row, len(a) :] = 0.0
         samples = torch.tensor([len(a) for a in audio], dtype=torch.long)
-        if self.device.type == "cuda":
-            host = host.pin_memory()
         wave = host.to(self.device, non_blocking=True)
         samples = samples.to(self.device, non_blocking=True)
         if self.encoder is None:
