@@ -42,7 +42,7 @@ class ASRConfig:
     threads: int = 2
     partial_interval_ms: int = 400  # how often partials are recomputed while the caller speaks
     max_utterance_s: float = 25.0  # longer utterances are committed and trimmed
-    slots: int = 64  # streams one engine serves at once (preallocated)
+    slots: int = 32  # streams one engine serves at once (preallocated: ~2.3 MB each)
     window_ms: float = 10.0  # how long a batch waits for requests of other streams
     max_batch: int = 16  # largest batch per backend call
     max_latency_ms: float = 1000.0  # a partial older than this is dropped, never a final

@@ -63,5 +63,6 @@ def frame_event(frame: Frame, t0_ns: int = 0) -> dict[str, Any] | None:
 
 
 def trace_event(record: dict[str, Any]) -> dict[str, Any]:
-    """A finished turn of the trace, as clients receive it (the waterfall's data)."""
-    return {"type": "trace", **record}
+    """A finished turn of the trace, as clients receive it (the waterfall's data); ``kind`` is
+    the record's own type (turn or greeting)."""
+    return {**record, "kind": record["type"], "type": "trace"}

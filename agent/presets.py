@@ -59,7 +59,7 @@ class Models:
     """The models one process loads once and every session shares."""
 
     vad: Any
-    asr: Any
+    asr: Any  # the ASREngine shared by every call (its .backend is the model)
     llm: Any
     tts: Any
 
@@ -67,12 +67,14 @@ class Models:
 def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Models:
     """Load and warm up the configured backends (slow: seconds)."""
     vad = load(STAGES["vad_model"])(cfg.vad)  # one session; each call forks its own state
-    asr = backend_class("asr", cfg.asr.backend)(cfg.asr)
+    backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
     llm = backend_class("llm", cfg.llm.backend)(cfg.llm) if need_llm else None
     tts = backend_class("tts", cfg.tts.backend)(cfg.tts) if need_tts else None
-    for m in (asr, llm, tts):
+    for m in (backend, llm, tts):
         if m is not None and hasattr(m, "warmup"):
             m.warmup()
+    # one engine per model per process: every call's ASR requests share its batches
+    asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     return Models(vad=vad, asr=asr, llm=llm, tts=tts)
 
 

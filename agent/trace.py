@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,9 @@ class Trace:
         self._lock = threading.Lock()
         self._turn: Turn | None = None
         self._n = 0
-        self.turns: list[dict[str, Any]] = []
+        # the latest finished turns (a long call must not grow memory); counts cover all of them
+        self.turns: deque[dict[str, Any]] = deque(maxlen=256)
+        self.complete_turns = 0
         self.violations: dict[str, int] = {}
         self.partial_lags_ms: list[float] = []
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -156,6 +159,7 @@ class Trace:
             "reply": turn.reply,
         }
         self.turns.append(record)
+        self.complete_turns += complete and turn.kind == "turn"
         self._write(record)
         for fn in self.listeners:
             fn(record)
@@ -171,7 +175,7 @@ class Trace:
         summary = {
             "type": "session",
             "session": self.session_id,
-            "turns": sum(1 for t in self.turns if t["type"] == "turn" and t["complete"]),
+            "turns": self.complete_turns,
             "violations": dict(self.violations),
             "partial_lag_ms": [round(x, 2) for x in self.partial_lags_ms],
         }

@@ -70,7 +70,7 @@ async def main_async(args: argparse.Namespace, cfg: Config) -> dict:
         if m["id"].startswith("ls-"):
             pairs_ls.append((m["text"], hyp))
         for turn in r["turns"]:
-            if turn.get("complete") and turn["type"] == "turn":
+            if turn.get("complete") and turn["kind"] == "turn":
                 for k, v in turn["spans"].items():
                     spans.setdefault(k, []).append(v["ms"])
         spans["partial_lag"].extend(r["partial_lag_ms"])

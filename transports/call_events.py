@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.events import frame_event
+from agent.events import frame_event, trace_event
 from agent.frames import FRAME_SAMPLES, SAMPLE_RATE, Frame
 from agent.session import Session
 from transports.websocket.codec import encode_event
@@ -28,17 +28,6 @@ def ready_event(session: Session) -> dict[str, Any]:
         "frame_samples": FRAME_SAMPLES,
         "budgets": session.trace.budgets,
     }
-
-
-def turn_event(record: dict[str, Any]) -> dict[str, Any]:
-    """A finished turn of the trace as a ``trace`` event; ``kind`` says turn or greeting.
-
-    (``agent.events.trace_event`` spreads the record after its own ``type``, so the record's
-    ``type`` — "turn" or "greeting" — wins; clients dispatch on ``type`` == "trace".)
-    """
-    event = {**record, "kind": record.get("type", "turn")}
-    event["type"] = "trace"
-    return event
 
 
 class CallEvents:
@@ -74,7 +63,7 @@ class CallEvents:
             self.emit(ev)
 
     def _on_turn(self, record: dict[str, Any]) -> None:
-        self.emit(turn_event(record))
+        self.emit(trace_event(record))
 
     def detach(self) -> None:
         """Stop forwarding (the client is gone); the session may still emit while it closes."""

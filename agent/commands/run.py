@@ -81,7 +81,7 @@ class _Printer:
                               if k not in ("voice_to_voice", "greeting"))
             over = [k for k, v in spans.items() if v["over"]]
             flag = f"  OVER BUDGET: {', '.join(over)}" if over else ""
-            name = "greeting" if ev["type"] == "trace" and "greeting" in spans else "voice-to-voice"
+            name = "greeting" if ev.get("kind") == "greeting" else "voice-to-voice"
             print(f"   [{name} {main['ms']:.0f} ms: {parts}]{flag}", flush=True)
 
 

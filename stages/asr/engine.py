@@ -32,6 +32,7 @@ class Request:
     generation: int
     audio: np.ndarray
     final: bool
+    prompt: str
     enqueued_ns: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Hypothesis | None]
@@ -98,14 +99,17 @@ class ASREngine:
         self.pool.release(slot)
 
     # --- requests ----------------------------------------------------------------------------
-    def submit(self, slot: Slot, audio: np.ndarray, final: bool = False) -> asyncio.Future[Hypothesis | None]:
-        """Queue ``audio`` (float32, a copy the caller won't touch) of ``slot`` for transcription.
+    def submit(
+        self, slot: Slot, audio: np.ndarray, final: bool = False, prompt: str = ""
+    ) -> asyncio.Future[Hypothesis | None]:
+        """Queue ``audio`` (float32, a copy the caller won't touch) of ``slot`` for transcription;
+        ``prompt`` is the text that came before it (the model's context).
 
         The future resolves to a Hypothesis, or None when the request was dropped (stale
         partial, slot released, engine closed)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Hypothesis | None] = loop.create_future()
-        req = Request(slot, slot.generation, audio, final, time.monotonic_ns(), loop, fut)
+        req = Request(slot, slot.generation, audio, final, prompt, time.monotonic_ns(), loop, fut)
         slot.stats.requests += 1
         with self._cv:
             if self._closed:
@@ -161,7 +165,10 @@ class ASREngine:
                 continue
             t0 = time.perf_counter()
             try:
-                hyps = self.backend.transcribe_batch([r.audio for r in batch])
+                prompts = [r.prompt for r in batch]
+                hyps = self.backend.transcribe_batch(
+                    [r.audio for r in batch], prompts if any(prompts) else None
+                )
             except Exception as exc:  # a failing batch fails its requests, not the engine
                 log.exception("ASR backend failed on a batch of %d", len(batch))
                 for r in batch:

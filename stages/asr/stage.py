@@ -4,10 +4,8 @@ final transcript per VAD utterance, with every model call on a worker thread off
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import partial
@@ -15,6 +13,7 @@ from functools import partial
 import numpy as np
 
 from agent.config import ASRConfig
+from agent.errors import ConfigError
 from agent.frames import (
     AudioIn,
     EndOfCall,
@@ -26,7 +25,9 @@ from agent.frames import (
 )
 from agent.stage import DOWN, Direction, Stage, StageContext
 from stages.asr.agreement import LocalAgreement
-from stages.asr.backend import ASRBackend
+from stages.asr.backend import ASRBackend, Hypothesis
+from stages.asr.engine import ASREngine
+from stages.asr.slots import Slot
 
 PRE_ROLL_MS = 200  # audio kept before SpeechStarted.at: the VAD decides a little late
 END_PAD_MS = 100  # audio kept after the end of speech, so the last word is not clipped
@@ -75,42 +76,35 @@ class _Job:
     fallback: str = ""  # a SEGMENT's text if the model call fails: the stable prefix at the cut
 
 
-class _SharedWorkers:
-    """One single-thread executor per backend, shared by every stream that uses that backend:
-    the model runs one call at a time and its threads are never oversubscribed."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: dict[int, tuple[ThreadPoolExecutor, int]] = {}
-
-    def acquire(self, backend: object) -> ThreadPoolExecutor:
-        with self._lock:
-            ex, refs = self._pool.get(id(backend), (None, 0))
-            if ex is None:
-                ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxline-asr")
-            self._pool[id(backend)] = (ex, refs + 1)
-            return ex
-
-    def release(self, backend: object) -> None:
-        with self._lock:
-            ex, refs = self._pool.get(id(backend), (None, 0))
-            if ex is None:
-                return
-            if refs > 1:
-                self._pool[id(backend)] = (ex, refs - 1)
-                return
-            del self._pool[id(backend)]
-        ex.shutdown(wait=False, cancel_futures=True)
+def ring_seconds(cfg: ASRConfig) -> float:
+    """How much audio one stream's ring must hold: the longest utterance, the pre-roll, and a
+    margin so a request that waited behind others still finds its audio."""
+    return cfg.max_utterance_s + PRE_ROLL_MS / 1000 + RING_MARGIN_S
 
 
-WORKERS = _SharedWorkers()
+def make_engine(backend: ASRBackend, cfg: ASRConfig, capacity: int | None = None) -> ASREngine:
+    """The engine one process shares between its calls, sized from the configuration."""
+    return ASREngine(
+        backend,
+        capacity=capacity or cfg.slots,
+        window_ms=cfg.window_ms,
+        max_batch=cfg.max_batch,
+        max_latency_ms=cfg.max_latency_ms,
+        max_seconds=ring_seconds(cfg),
+        batching=cfg.batching,
+    )
+
 
 
 class StreamingASR(Stage):
     """Partials and finals for one call's caller audio, from the VAD's speech frames.
 
+    The stage holds one slot of the process's shared :class:`ASREngine` for the whole call (the
+    engine batches the requests of every call into one model call per tick); given a bare
+    backend instead, it makes an engine of its own with one slot.
+
     Every frame is forwarded at once and unchanged; transcripts follow the frame that triggered
-    them. Audio goes into a preallocated int16 ring indexed by media sample; only utterance audio
+    them. Audio goes into the slot's preallocated ring indexed by media sample; only utterance audio
     (SpeechStarted, less a short pre-roll, to SpeechStopped) ever reaches the backend, and at most
     one model call per stream is outstanding. While the caller speaks, the utterance is
     re-transcribed every ``partial_interval_ms`` of new audio; a word prefix two consecutive
@@ -122,18 +116,20 @@ class StreamingASR(Stage):
 
     name = "asr"
 
-    def __init__(self, backend: ASRBackend, cfg: ASRConfig) -> None:
+    def __init__(self, asr: ASREngine | ASRBackend, cfg: ASRConfig) -> None:
         super().__init__()
-        self.backend = backend
+        self.engine: ASREngine | None = asr if isinstance(asr, ASREngine) else None
+        self._own_backend = None if isinstance(asr, ASREngine) else asr
+        self.backend: ASRBackend = asr.backend if isinstance(asr, ASREngine) else asr
         self.cfg = cfg
-        sr = backend.sample_rate
+        sr = self.backend.sample_rate
         self._pre_roll = PRE_ROLL_MS * sr // 1000
         self._end_pad = END_PAD_MS * sr // 1000
         self._interval = max(1, cfg.partial_interval_ms * sr // 1000)
         self._max_utt = int(cfg.max_utterance_s * sr)
-        cap = self._max_utt + self._pre_roll + int(RING_MARGIN_S * sr)
-        self._ring = np.zeros(cap, np.int16)
-        self._scratch = np.zeros(cap, np.float32)  # the one job in flight reads into this
+        self._need = self._max_utt + self._pre_roll + int(RING_MARGIN_S * sr)
+        self._slot: Slot | None = None
+        self._ring = np.zeros(0, np.float32)  # the slot's buffer, used as a ring, once started
         self._end = 0  # media sample after the newest audio in the ring
         self._valid_from = 0  # oldest media sample still in the ring
         self._last_t_ns = 0
@@ -142,8 +138,7 @@ class StreamingASR(Stage):
         self._agreement = LocalAgreement()
         self._queue: deque[_Job] = deque()  # speculative/final/segment jobs, in order
         self._running: _Job | None = None
-        self._future: asyncio.Future[str] | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._future: asyncio.Future[Hypothesis | None] | None = None
         self._epoch = 0  # bumped by EndOfCall/stop: results of older jobs are dropped
         self._closed = False
         # counters
@@ -160,17 +155,34 @@ class StreamingASR(Stage):
     async def start(self, ctx: StageContext) -> None:
         await super().start(ctx)
         self._closed = False
-        if self._executor is None:
-            self._executor = WORKERS.acquire(self.backend)
+        if self.engine is None:
+            assert self._own_backend is not None
+            self.engine = make_engine(self._own_backend, self.cfg, capacity=1)
+        if self._slot is None:
+            slot = self.engine.open()  # CapacityError: the call is refused, others go on
+            if slot.capacity < self._need:
+                self.engine.close_slot(slot)
+                raise ConfigError(
+                    f"ASR engine slots hold {slot.capacity / self.backend.sample_rate:.1f} s; "
+                    f"this stream needs {self._need / self.backend.sample_rate:.1f} s "
+                    "(asr.max_utterance_s + 10 s)"
+                )
+            self._slot = slot
+            self._ring = slot.audio
+            self._end = self._valid_from = 0
 
     async def stop(self) -> None:
         self._closed = True
         self._drop_work()
         if self._future is not None:
             self._future.cancel()
-        if self._executor is not None:
-            self._executor = None
-            WORKERS.release(self.backend)
+        if self._slot is not None and self.engine is not None:
+            self.engine.close_slot(self._slot)  # zeroed and back in the pool
+            self._slot = None
+            self._ring = np.zeros(0, np.float32)
+        if self._own_backend is not None and self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
     @property
     def in_speech(self) -> bool:
@@ -204,7 +216,11 @@ class StreamingASR(Stage):
         u = self._utt
         if u is None:
             self.bypassed_chunks += 1
+            if self._slot is not None:
+                self._slot.stats.chunks_bypassed += 1
             return
+        if self._slot is not None:
+            self._slot.stats.chunks_in += 1
         if u.spec_wanted and self._end >= u.spec_wanted:
             self._queue_speculative(u, u.spec_wanted)
         elif self._end - u.start >= self._max_utt:
@@ -292,19 +308,22 @@ class StreamingASR(Stage):
         self._launch(_Job(_Kind.PARTIAL, u, u.start, self._end, self._epoch, self._last_t_ns))
 
     def _launch(self, job: _Job) -> None:
-        if self._executor is None:
-            self._executor = WORKERS.acquire(self.backend)
+        assert self.engine is not None and self._slot is not None
         self._running = job
         self.backend_calls += 1
-        loop = asyncio.get_running_loop()
         # Jobs run in order, so the utterance's prompt already holds every earlier segment.
-        fut = loop.run_in_executor(
-            self._executor, self._transcribe, job.start, job.end, job.utt.prompt
-        )
+        try:
+            audio = self._audio(job.start, job.end)
+        except RuntimeError as exc:
+            fut: asyncio.Future[Hypothesis | None] = asyncio.get_running_loop().create_future()
+            fut.set_exception(exc)
+        else:
+            fut = self.engine.submit(self._slot, audio, final=job.kind is not _Kind.PARTIAL,
+                                     prompt=job.utt.prompt)
         self._future = fut
         fut.add_done_callback(partial(self._on_done, job))
 
-    def _on_done(self, job: _Job, fut: asyncio.Future[str]) -> None:
+    def _on_done(self, job: _Job, fut: asyncio.Future[Hypothesis | None]) -> None:
         self._running = None
         self._future = None
         if fut.cancelled() or self._closed:
@@ -315,7 +334,12 @@ class StreamingASR(Stage):
             self.errors += 1
             self.push_error(f"{self.name}: transcription failed: {type(exc).__name__}: {exc}")
         else:
-            text = fut.result()
+            hyp = fut.result()
+            if hyp is None:  # the engine shed a stale partial: a newer one follows
+                self.discarded += 1
+                self._kick()
+                return
+            text = hyp.text
         try:
             if job.epoch == self._epoch:
                 self._deliver(job, text)
@@ -412,9 +436,13 @@ class StreamingASR(Stage):
 
     # --- the ring ------------------------------------------------------------------------------
     def _write(self, pcm: np.ndarray, offset: int) -> None:
-        if pcm.dtype != np.int16:
-            pcm = (np.clip(np.nan_to_num(pcm), -1.0, 1.0) * 32767).astype(np.int16)
+        if pcm.dtype == np.int16:
+            pcm = pcm * _INT16_SCALE
+        else:
+            pcm = np.clip(np.nan_to_num(pcm.astype(np.float32)), -1.0, 1.0)
         cap = len(self._ring)
+        if cap == 0:
+            return  # not started
         n = len(pcm)
         if self._end == self._valid_from or offset < self._valid_from or offset > self._end + cap:
             self._valid_from = self._end = offset  # first audio, or a jump in the timeline
@@ -445,20 +473,10 @@ class StreamingASR(Stage):
         first = min(end - start, cap - i)
         return np.concatenate((self._ring[i : i + first], self._ring[: end - start - first]))
 
-    def _transcribe(self, start: int, end: int, prompt: str) -> str:
-        """Runs on the worker thread: media samples [start, end) as text."""
+    def _audio(self, start: int, end: int) -> np.ndarray:
+        """A float32 copy of media samples [start, end) for the engine (it reads it later, on
+        its worker thread, while this ring keeps filling)."""
         if start < self._valid_from:
             raise RuntimeError("utterance audio was overwritten before it was transcribed "
-                               "(the ASR worker fell behind)")
-        n = end - start
-        out = self._scratch[:n]
-        cap = len(self._ring)
-        i = start % cap
-        first = min(n, cap - i)
-        np.multiply(self._ring[i : i + first], _INT16_SCALE, out=out[:first])
-        np.multiply(self._ring[: n - first], _INT16_SCALE, out=out[first:])
-        if start < self._valid_from:  # overwritten while we copied
-            raise RuntimeError("utterance audio was overwritten before it was transcribed "
-                               "(the ASR worker fell behind)")
-        hyp = self.backend.transcribe_batch([out], [prompt] if prompt else None)
-        return hyp[0].text
+                               "(the ASR engine fell behind)")
+        return self._span_copy(start, end)

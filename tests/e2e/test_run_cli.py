@@ -54,7 +54,7 @@ def test_run_transcribes_answers_and_traces(call):
     assert any(e["type"] == "transcript" and not e["final"] for e in events)  # partials came first
     replies = [e["text"] for e in events if e["type"] == "agent_text" and e["text"].strip()]
     assert replies, "the agent said nothing"
-    turns = [e for e in events if e["type"] == "trace" and e["complete"]]
+    turns = [e for e in events if e["type"] == "trace" and e["kind"] == "turn" and e["complete"]]
     assert turns and SPANS <= set(turns[0]["spans"])
     v2v = turns[0]["spans"]["voice_to_voice"]
     assert 0 < v2v["ms"] < 10_000 and v2v["start_ms"] == 0.0

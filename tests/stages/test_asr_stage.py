@@ -316,20 +316,31 @@ def test_end_of_call_right_after_a_stop_still_delivers_that_final_first(whisper)
     assert sum(isinstance(f, Transcript) and f.final for f in frames) == 1
 
 
-def test_streams_of_one_backend_share_one_worker_thread(whisper):
+def test_streams_share_one_engine_and_give_their_slots_back(whisper):
+    from agent.errors import CapacityError
+    from stages.asr.stage import make_engine
+
     async def main():
-        a, b = StreamingASR(whisper, ASRConfig()), StreamingASR(whisper, ASRConfig())
+        engine = make_engine(whisper, ASRConfig(), capacity=2)
+        a, b, c = (StreamingASR(engine, ASRConfig()) for _ in range(3))
         await a.start(StageContext())
         await b.start(StageContext())
-        shared = a._executor
-        same = shared is b._executor and shared._max_workers == 1
+        full = engine.pool.in_use
+        try:
+            await c.start(StageContext())
+            refused = False
+        except CapacityError:
+            refused = True
+        slot = a._slot
+        a._write(np.full(320, 1000, np.int16), 0)
         await a.stop()
-        alive_after_one = not shared._shutdown
+        zeroed = slot is not None and not slot.audio.any() and a._slot is None
         await b.stop()
-        return same, alive_after_one, shared._shutdown, a._executor, b._executor
+        engine.close()
+        return full, refused, zeroed, engine.pool.in_use
 
-    same, alive_after_one, shut, ex_a, ex_b = asyncio.run(main())
-    assert same and alive_after_one and shut and ex_a is None and ex_b is None
+    full, refused, zeroed, left = asyncio.run(main())
+    assert full == 2 and refused and zeroed and left == 0
 
 
 def test_frames_pass_through_before_start_of_work():
