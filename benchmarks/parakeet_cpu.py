@@ -80,7 +80,9 @@ def tune_emission(transcriber, audio: list[np.ndarray], target: float = TOKENS_P
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=120.0, help="audio to transcribe per batch size")
+    ap.add_argument(
+        "--seconds", type=float, default=120.0, help="audio to transcribe per batch size"
+    )
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--kind", default="110m", choices=["110m", "v2", "v3"])
     args = ap.parse_args()
@@ -126,8 +128,12 @@ def main() -> None:
             "tokens_per_frame": round(rate, 3),
         })  # fmt: skip
 
-    print(f"Parakeet-TDT {args.kind} (random weights, {params:.1f} M params), CPU, {args.threads} threads, fp32")
-    print(f"{'batch':>5} {'audio s':>8} {'wall s':>7} {'RTFx':>6} {'enc RTFx':>9} {'dec RTFx':>9} {'tokens':>7}")
+    print(
+        f"Parakeet-TDT {args.kind} (random weights, {params:.1f} M params), CPU, {args.threads} threads, fp32"
+    )
+    print(
+        f"{'batch':>5} {'audio s':>8} {'wall s':>7} {'RTFx':>6} {'enc RTFx':>9} {'dec RTFx':>9} {'tokens':>7}"
+    )
     for r in rows:
         print(
             f"{r['batch']:>5} {r['audio_s']:>8} {r['wall_s']:>7} {r['rtfx']:>6} {r['encoder_rtfx']:>9} "

@@ -74,12 +74,18 @@ def timed(fn, device, repeats: int) -> float:
 
 def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in order
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny model and sizes: checks the script runs")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="skip sections that would overrun this")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny model and sizes: checks the script runs"
+    )
+    ap.add_argument(
+        "--budget-s", type=float, default=450.0, help="skip sections that would overrun this"
+    )
     ap.add_argument("--skip-trt", action="store_true")
     ap.add_argument("--e2e-hours", type=float, default=3.0, help="audio for the end-to-end run")
     default_out = Path(os.environ["OUT"]) / "parakeet_gpu.json" if os.environ.get("OUT") else None
-    ap.add_argument("--out", type=Path, default=default_out or Path(__file__).with_name("parakeet_gpu.json"))
+    ap.add_argument(
+        "--out", type=Path, default=default_out or Path(__file__).with_name("parakeet_gpu.json")
+    )
     args = ap.parse_args()
 
     import torch
@@ -100,7 +106,15 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
     torch.backends.cudnn.allow_tf32 = True
     dtype = torch.bfloat16
     if args.smoke:
-        cfg = nemo_config("v3", n_layers=2, d_model=64, n_heads=4, vocab_size=64, pred_hidden=48, subsampling_channels=16)
+        cfg = nemo_config(
+            "v3",
+            n_layers=2,
+            d_model=64,
+            n_heads=4,
+            vocab_size=64,
+            pred_hidden=48,
+            subsampling_channels=16,
+        )
         batches, utt_s, e2e_n, repeats = (1, 4), (2.0, 4.0), 8, 1
         profiles: tuple[Profile, ...] = default_profiles(max_batch=4)
     else:
@@ -122,7 +136,10 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
     probe = ParakeetTranscriber(model, device, dtype, max_batch=max(batches))
     report["tokens_per_frame"] = round(tune_emission(probe, synthetic_audio(4, *utt_s, seed=1)), 3)
     tdt = probe.tdt
-    print(f"model ready ({report['params_m']} M params) at {time.perf_counter() - T0:.0f} s", flush=True)
+    print(
+        f"model ready ({report['params_m']} M params) at {time.perf_counter() - T0:.0f} s",
+        flush=True,
+    )
 
     # Encoder frames for the decoder runs: real encoder output of ~10 s utterances.
     dec_audio = synthetic_audio(max(batches), 9.5, 10.5, seed=2)
@@ -130,7 +147,9 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
     audio_s = [len(a) / 16000 for a in dec_audio]
 
     # 1. checks: every mode equals the eager loop.
-    modes = ["no_graphs", "no_while_loops", "full_graph"] if device.type == "cuda" else ["no_graphs"]
+    modes = (
+        ["no_graphs", "no_while_loops", "full_graph"] if device.type == "cuda" else ["no_graphs"]
+    )
     checks: dict[str, Any] = {}
     b = min(16, enc.shape[0])
     eager = tdt.decode(enc[:b], lens[:b])
@@ -158,7 +177,9 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
                 report["skipped"].append(f"decoder {mode} batch {batch}")
                 continue
             with torch.inference_mode():
-                seconds = timed(lambda: decoder.decode(enc[:batch], lens[:batch]), device, repeats)
+                seconds = timed(
+                    lambda d=decoder, n=batch: d.decode(enc[:n], lens[:n]), device, repeats
+                )
             tokens = sum(len(o.tokens) for o in decoder.decode(enc[:batch], lens[:batch]))
             dec_rows.append({"mode": mode, "batch": batch, "ms": round(seconds * 1e3, 2),
                              "rtfx": round(sum(audio_s[:batch]) / seconds, 1),
@@ -179,7 +200,7 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
         feats = torch.randn(batch, dims.encoder.n_mels, frames, device=device, dtype=dtype)
         flens = torch.full((batch,), frames, device=device)
         with torch.inference_mode():
-            seconds = timed(lambda: model.encoder(feats, flens), device, repeats)
+            seconds = timed(lambda f=feats, n=flens: model.encoder(f, n), device, repeats)
         enc_rows.append({"engine": "torch", "profile": p.name, "batch": batch, "frames": frames,
                          "ms": round(seconds * 1e3, 2), "rtfx": round(batch * frames * 0.01 / seconds, 1)})  # fmt: skip
     report["encoder"] = enc_rows
@@ -208,7 +229,10 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
         print("end to end:", report["end_to_end"][-1], flush=True)
 
     if left(args.budget_s) > 90:
-        end_to_end(ParakeetTranscriber(model, device, dtype, max_batch=64 if not args.smoke else 4), "torch")
+        end_to_end(
+            ParakeetTranscriber(model, device, dtype, max_batch=64 if not args.smoke else 4),
+            "torch",
+        )
     else:
         report["skipped"].append("end to end (torch)")
 
@@ -237,7 +261,10 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
                 ref, ref_len = model.encoder(feats.to(dtype), flens)
                 got, got_len = trt_encoder(feats, flens)
             rel = max(
-                ((got[i, :n].float() - ref[i, :n].float()).abs().max() / ref[i, :n].float().abs().max()).item()
+                (
+                    (got[i, :n].float() - ref[i, :n].float()).abs().max()
+                    / ref[i, :n].float().abs().max()
+                ).item()
                 for i, n in enumerate(ref_len.tolist())
             )
             report["checks"]["trt_vs_torch_max_rel_err"] = round(rel, 4)
@@ -246,12 +273,13 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
                 batch, frames = p.opt
                 feats = torch.randn(batch, dims.encoder.n_mels, frames, device=device)
                 flens = torch.full((batch,), frames, device=device)
-                seconds = timed(lambda: trt_encoder(feats, flens), device, repeats)
+                seconds = timed(lambda f=feats, n=flens: trt_encoder(f, n), device, repeats)
                 enc_rows.append({"engine": "tensorrt", "profile": p.name, "batch": batch, "frames": frames,
                                  "ms": round(seconds * 1e3, 2), "rtfx": round(batch * frames * 0.01 / seconds, 1)})  # fmt: skip
             if left(args.budget_s) > 60:
                 end_to_end(
-                    ParakeetTranscriber(model, device, dtype, max_batch=64, encoder=trt_encoder), "tensorrt"
+                    ParakeetTranscriber(model, device, dtype, max_batch=64, encoder=trt_encoder),
+                    "tensorrt",
                 )
             trt_state = "ran"
         except Exception as exc:  # noqa: BLE001 - report it; the torch numbers above still stand
@@ -260,17 +288,23 @@ def main() -> None:  # noqa: C901, PLR0915 - one linear script, sections in orde
     report["total_s"] = round(time.perf_counter() - T0, 1)
 
     print()
-    print(f"Parakeet-TDT {'tiny (smoke)' if args.smoke else 'v3-size'} random weights, bf16, {report['device']}")
+    print(
+        f"Parakeet-TDT {'tiny (smoke)' if args.smoke else 'v3-size'} random weights, bf16, {report['device']}"
+    )
     print(f"{'decoder mode':<16}{'batch':>6}{'ms':>10}{'RTFx':>10}{'tokens/s':>11}")
     for r in dec_rows:
         print(f"{r['mode']:<16}{r['batch']:>6}{r['ms']:>10}{r['rtfx']:>10}{r['tokens_per_s']:>11}")
     print(f"{'encoder':<10}{'profile':<11}{'batch':>6}{'frames':>7}{'ms':>10}{'RTFx':>10}")
     for r in enc_rows:
-        print(f"{r['engine']:<10}{r['profile']:<11}{r['batch']:>6}{r['frames']:>7}{r['ms']:>10}{r['rtfx']:>10}")
+        print(
+            f"{r['engine']:<10}{r['profile']:<11}{r['batch']:>6}{r['frames']:>7}{r['ms']:>10}{r['rtfx']:>10}"
+        )
     for r in report.get("end_to_end", []):
         print(f"end to end ({r['encoder']}, batch {r['batch']}, {r['decoder_mode']}): "
               f"{r['audio_h']} h in {r['seconds']} s = RTFx {r['rtfx']}")  # fmt: skip
-    print(f"tensorrt: {trt_state}; skipped: {report['skipped'] or 'nothing'}; total {report['total_s']} s")
+    print(
+        f"tensorrt: {trt_state}; skipped: {report['skipped'] or 'nothing'}; total {report['total_s']} s"
+    )
     line = json.dumps(report)
     print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,11 +16,14 @@ from torch.nn import functional as F
 _MASKED = -10000.0
 
 
-def relative_positions(length: int, d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def relative_positions(
+    length: int, d_model: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
     """Sinusoidal embeddings for relative distances length-1 … -(length-1), shape (2T-1, d)."""
     distance = torch.arange(length - 1, -length, -1, device=device, dtype=torch.float32)
     inv_freq = torch.exp(
-        torch.arange(0, d_model, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+        torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
+        * (-math.log(10000.0) / d_model)
     )
     angles = distance[:, None] * inv_freq[None, :]
     pe = torch.stack((angles.sin(), angles.cos()), dim=-1).reshape(2 * length - 1, d_model)
@@ -50,7 +53,9 @@ class RelPositionAttention(nn.Module):
         self.pos_bias_u = nn.Parameter(torch.zeros(n_heads, self.head_dim))
         self.pos_bias_v = nn.Parameter(torch.zeros(n_heads, self.head_dim))
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
         """x (B, T, d); pos (2T-1, d); keep (B, 1, T, T) bool — True where query i may see key j."""
         b, t, _ = x.shape
         h, dk = self.n_heads, self.head_dim

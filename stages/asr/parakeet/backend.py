@@ -48,7 +48,11 @@ class ParakeetBackend:
         archive = read_nemo(path)
         dims = dims_from_config(archive.config)
         model = build_model(dims, archive.state_dict)
-        labels = archive.config.get("labels") or (archive.config.get("joint") or {}).get("vocabulary") or []
+        labels = (
+            archive.config.get("labels")
+            or (archive.config.get("joint") or {}).get("vocabulary")
+            or []
+        )
         self.tokenizer = PieceTokenizer(labels, archive.tokenizer_model())
         if self.tokenizer.vocab_size != dims.decoder.vocab_size:
             from stages.asr.parakeet.dims import CheckpointError
@@ -58,7 +62,9 @@ class ParakeetBackend:
             )
 
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        kind = _DTYPES.get(cfg.compute_type.lower(), "bfloat16" if dev.type == "cuda" else "float32")
+        kind = _DTYPES.get(
+            cfg.compute_type.lower(), "bfloat16" if dev.type == "cuda" else "float32"
+        )
         if dev.type == "cpu":
             torch.set_num_threads(max(1, cfg.threads))
             kind = "float32" if kind == "float16" else kind  # CPU fp16 matmuls are slow and lossy
@@ -85,7 +91,7 @@ class ParakeetBackend:
         out = []
         for d in decoded:
             starts = [f * frame for f in d.frames]
-            ends = [(f + max(n, 1)) * frame for f, n in zip(d.frames, d.durations)]
+            ends = [(f + max(n, 1)) * frame for f, n in zip(d.frames, d.durations, strict=True)]
             out.append(
                 Hypothesis(
                     text=self.tokenizer.text(d.tokens),

@@ -55,15 +55,13 @@ class _CudaPython:
 
     def __init__(self) -> None:
         try:
-            from cuda.bindings import driver, nvrtc, runtime  # cuda-python >= 12.6 layout
-
             import cuda.bindings as pkg
+            from cuda.bindings import driver, nvrtc, runtime  # cuda-python >= 12.6 layout
         except ImportError:
+            import cuda as pkg  # type: ignore[no-redef]
             from cuda import cuda as driver  # type: ignore[no-redef]  # legacy cuda-python 12.x
             from cuda import cudart as runtime  # type: ignore[no-redef]
             from cuda import nvrtc  # type: ignore[no-redef]
-
-            import cuda as pkg  # type: ignore[no-redef]
         self.driver, self.runtime, self.nvrtc = driver, runtime, nvrtc
         version = str(getattr(pkg, "__version__", "12.0.0"))
         self.version = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
@@ -102,7 +100,11 @@ class _CudaPython:
             import numpy as np
 
             nvrtc = self.nvrtc
-            prog = self.ok(nvrtc.nvrtcCreateProgram(_CONDITION_KERNEL.encode(), b"while_condition.cu", 0, [], []))
+            prog = self.ok(
+                nvrtc.nvrtcCreateProgram(
+                    _CONDITION_KERNEL.encode(), b"while_condition.cu", 0, [], []
+                )
+            )
             # No --gpu-architecture: the default virtual arch runs on every GPU with conditionals.
             self.ok(nvrtc.nvrtcCompileProgram(prog, 0, []))
             size = self.ok(nvrtc.nvrtcGetPTXSize(prog))
@@ -110,12 +112,18 @@ class _CudaPython:
             self.ok(nvrtc.nvrtcGetPTX(prog, ptx))
             ptx_buf = np.char.array(ptx)
             module = self.ok(self.driver.cuModuleLoadData(ptx_buf.ctypes.data))
-            self._kernel = self.ok(self.driver.cuModuleGetFunction(module, b"voxline_set_while_condition"))
+            self._kernel = self.ok(
+                self.driver.cuModuleGetFunction(module, b"voxline_set_while_condition")
+            )
             self._keep_alive.append((module, ptx_buf))
         return self._kernel
 
     def launch_condition(self, args: Any, stream: int) -> None:
-        self.ok(self.driver.cuLaunchKernel(self.kernel(), 1, 1, 1, 1, 1, 1, 0, stream, args.ctypes.data, 0))
+        self.ok(
+            self.driver.cuLaunchKernel(
+                self.kernel(), 1, 1, 1, 1, 1, 1, 0, stream, args.ctypes.data, 0
+            )
+        )
 
     @contextlib.contextmanager
     def while_node(self, flag: torch.Tensor) -> Iterator[None]:
@@ -155,7 +163,11 @@ class _CudaPython:
         previous = torch.cuda.current_stream(flag.device)
         self.ok(
             rt.cudaStreamBeginCaptureToGraph(
-                body_stream.cuda_stream, body_graph, None, None, 0,
+                body_stream.cuda_stream,
+                body_graph,
+                None,
+                None,
+                0,
                 rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal,
             )
         )

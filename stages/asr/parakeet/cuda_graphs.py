@@ -43,7 +43,9 @@ class GraphTDTDecoder:
 
     def __init__(self, tdt: LabelLoopingTDT, mode: str = "auto", max_bucket: int = 256) -> None:
         if mode not in ("auto", *MODES):
-            raise ValueError(f"unknown decoder mode {mode!r}; choose auto or one of {', '.join(MODES)}")
+            raise ValueError(
+                f"unknown decoder mode {mode!r}; choose auto or one of {', '.join(MODES)}"
+            )
         self.tdt = tdt
         self.requested = mode
         self.max_bucket = max_bucket
@@ -104,7 +106,9 @@ class GraphTDTDecoder:
         else:
             self.tdt.run(s)
 
-    def _build(self, batch: int, max_time: int, device: torch.device, dtype: torch.dtype) -> _Bucket:
+    def _build(
+        self, batch: int, max_time: int, device: torch.device, dtype: torch.dtype
+    ) -> _Bucket:
         state = self.tdt.new_state(batch, max_time, device, dtype)
         self._warm_up(state)
         wanted = MODES if self.requested == "auto" else (self.requested,)
@@ -152,13 +156,17 @@ class GraphTDTDecoder:
             except Exception as exc:  # noqa: BLE001 - try the next implementation
                 errors.append(f"{name}: {exc}")
                 torch.cuda.synchronize(state.lens.device)
-        raise RuntimeError("no conditional-node implementation worked: " + ("; ".join(errors) or "none installed"))
+        raise RuntimeError(
+            "no conditional-node implementation worked: " + ("; ".join(errors) or "none installed")
+        )
 
     def _capture_with(self, state: LoopState, while_node: WhileNode) -> torch.cuda.CUDAGraph:
         tdt = self.tdt
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(state.lens.device)
-        with torch.cuda.graph(graph, pool=self._graph_pool(), stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(
+            graph, pool=self._graph_pool(), stream=stream, capture_error_mode="thread_local"
+        ):
             tdt.before_outer(state)
             with while_node(state.active_any):
                 tdt.before_inner(state)
@@ -170,9 +178,16 @@ class GraphTDTDecoder:
     def _capture_stages(self, state: LoopState) -> list[torch.cuda.CUDAGraph]:
         graphs = []
         stream = torch.cuda.Stream(state.lens.device)
-        for stage in (self.tdt.before_outer, self.tdt.before_inner, self.tdt.inner_step, self.tdt.after_inner):
+        for stage in (
+            self.tdt.before_outer,
+            self.tdt.before_inner,
+            self.tdt.inner_step,
+            self.tdt.after_inner,
+        ):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool(), stream=stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(
+                graph, pool=self._graph_pool(), stream=stream, capture_error_mode="thread_local"
+            ):
                 stage(state)
             graphs.append(graph)
         return graphs

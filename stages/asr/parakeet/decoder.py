@@ -23,11 +23,15 @@ class PredictionNetwork(nn.Module):
         super().__init__()
         self.dims = dims
         self.embed = nn.Embedding(dims.vocab_size + 1, dims.pred_hidden, padding_idx=dims.blank_id)
-        self.lstm = nn.LSTM(dims.pred_hidden, dims.pred_hidden, num_layers=dims.pred_layers, batch_first=True)
+        self.lstm = nn.LSTM(
+            dims.pred_hidden, dims.pred_hidden, num_layers=dims.pred_layers, batch_first=True
+        )
 
     def initial_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> LSTMState:
         shape = (self.dims.pred_layers, batch, self.dims.pred_hidden)
-        return torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+        return torch.zeros(shape, device=device, dtype=dtype), torch.zeros(
+            shape, device=device, dtype=dtype
+        )
 
     def step(self, labels: torch.Tensor, state: LSTMState) -> tuple[torch.Tensor, LSTMState]:
         """One label per row (B,) → output (B, P) and the next state."""

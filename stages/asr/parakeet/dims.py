@@ -73,7 +73,9 @@ class DecoderDims:
     joint_hidden: int = 640
     durations: tuple[int, ...] = (0, 1, 2, 3, 4)
     max_symbols: int = 10
-    joint_dropout_slot: bool = True  # True: joint_net = [ReLU, Dropout, Linear] -> Linear is index 2
+    joint_dropout_slot: bool = (
+        True  # True: joint_net = [ReLU, Dropout, Linear] -> Linear is index 2
+    )
 
     @property
     def blank_id(self) -> int:
@@ -125,7 +127,9 @@ def dims_from_config(cfg: Mapping[str, Any]) -> ParakeetDims:
     if isinstance(guard, str):  # NeMo also accepts the names of float32 constants here
         guard = {"tiny": 1.1754943508222875e-38, "eps": 1.1920928955078125e-07}.get(guard)
         if guard is None:
-            raise CheckpointError("preprocessor.log_zero_guard_value must be a number, 'tiny' or 'eps'")
+            raise CheckpointError(
+                "preprocessor.log_zero_guard_value must be a number, 'tiny' or 'eps'"
+            )
     front = FrontEndDims(
         sample_rate=sr,
         n_mels=int(pre.get("features", pre.get("nfilt", 64))),
@@ -191,7 +195,9 @@ def dims_from_config(cfg: Mapping[str, Any]) -> ParakeetDims:
     activation = str(_get(cfg, "joint.jointnet.activation", "relu")).lower()
     if activation != "relu":
         raise CheckpointError(f"joint activation {activation!r} is not supported")
-    max_symbols = _get(cfg, "decoding.greedy.max_symbols") or _get(cfg, "decoding.greedy.max_symbols_per_step")
+    max_symbols = _get(cfg, "decoding.greedy.max_symbols") or _get(
+        cfg, "decoding.greedy.max_symbols_per_step"
+    )
     pred_hidden = int(_need(cfg, "decoder.prednet.pred_hidden"))
     decoder = DecoderDims(
         vocab_size=vocab,

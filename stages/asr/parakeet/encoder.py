@@ -49,7 +49,9 @@ class DepthwiseStridingSubsampling(nn.Module):
         self.conv = nn.Sequential(*layers)
         self.out = nn.Linear(c * dims.sub_freq_bins, dims.d_model)
 
-    def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, feats: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = feats.transpose(1, 2).unsqueeze(1)  # (B, 1, T, M)
         for layer in self.conv:
             if isinstance(layer, nn.Conv2d):
@@ -112,7 +114,11 @@ class ConformerLayer(nn.Module):
         self.norm_out = nn.LayerNorm(d)
 
     def forward(
-        self, x: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor | None, pad: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        keep: torch.Tensor | None,
+        pad: torch.Tensor | None,
     ) -> torch.Tensor:
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
         x = x + self.self_attn(self.norm_self_att(x), pos, keep)
@@ -147,7 +153,9 @@ class FastConformerEncoder(nn.Module):
             keep = keep & band
         return keep, ~valid
 
-    def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, feats: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x, lengths = self.pre_encode(feats, lengths)
         if self.dims.xscaling:
             x = x * math.sqrt(self.dims.d_model)

@@ -31,11 +31,15 @@ def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
     return np.where(mel >= 15.0, log_part, hz)
 
 
-def slaney_mel_bank(n_mels: int, n_fft: int, sample_rate: int, low_hz: float, high_hz: float) -> torch.Tensor:
+def slaney_mel_bank(
+    n_mels: int, n_fft: int, sample_rate: int, low_hz: float, high_hz: float
+) -> torch.Tensor:
     """Triangular, area-normalised mel filters, shape (n_mels, n_fft // 2 + 1) — librosa's
     ``filters.mel(norm="slaney", htk=False)``, which NeMo stores in every checkpoint."""
     fft_hz = np.linspace(0.0, sample_rate / 2.0, n_fft // 2 + 1)
-    edges = _mel_to_hz(np.linspace(_hz_to_mel(np.array(low_hz)), _hz_to_mel(np.array(high_hz)), n_mels + 2))
+    edges = _mel_to_hz(
+        np.linspace(_hz_to_mel(np.array(low_hz)), _hz_to_mel(np.array(high_hz)), n_mels + 2)
+    )
     widths = np.diff(edges)
     ramps = edges[:, None] - fft_hz[None, :]
     rising = -ramps[:-2] / widths[:-1, None]
@@ -60,11 +64,15 @@ class LogMelFeatures(nn.Module):
         self.register_buffer("window", torch.hann_window(dims.win_length, periodic=False))
         self.register_buffer(
             "fb",
-            slaney_mel_bank(dims.n_mels, dims.n_fft, dims.sample_rate, dims.low_hz, dims.high_hz)[None],
+            slaney_mel_bank(dims.n_mels, dims.n_fft, dims.sample_rate, dims.low_hz, dims.high_hz)[
+                None
+            ],
         )
 
     @torch.no_grad()
-    def forward(self, audio: torch.Tensor, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, audio: torch.Tensor, samples: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         d = self.dims
         audio = audio.float()
         in_range = torch.arange(audio.shape[1], device=audio.device)[None, :] < samples[:, None]

@@ -34,7 +34,9 @@ class ParakeetTDT(nn.Module):
         return self.joint.out.weight.dtype
 
     @torch.inference_mode()
-    def encode(self, audio: torch.Tensor, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(
+        self, audio: torch.Tensor, samples: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded waveforms (B, S) + sample counts → projected encoder frames (B, T', J) + lengths."""
         feats, lengths = self.features(audio, samples)
         enc, enc_lengths = self.encoder(feats.to(self.dtype), lengths)

@@ -72,7 +72,7 @@ def read_nemo(path: str | os.PathLike[str]) -> NemoArchive:
             f"(or put .nemo files in ${MODELS_ENV} or {DEFAULT_MODELS_DIR})"
         )
     try:
-        tar = tarfile.open(p, "r:*")  # plain tar, or gzip for old checkpoints
+        tar = tarfile.open(p, "r:*")  # noqa: SIM115 - closed by the `with` below; plain or gzip
     except (tarfile.TarError, OSError) as exc:
         raise CheckpointError(f"{p} is not a .nemo file (not a tar archive): {exc}") from None
     files: dict[str, bytes] = {}
@@ -104,10 +104,18 @@ def read_nemo(path: str | os.PathLike[str]) -> NemoArchive:
         config = config["model"]  # some exports wrap the model config one level down
     _reject_interpolations(config, p)
     try:
-        state = torch.load(io.BytesIO(files.pop(WEIGHTS_NAME)), map_location="cpu", weights_only=True)
+        state = torch.load(
+            io.BytesIO(files.pop(WEIGHTS_NAME)), map_location="cpu", weights_only=True
+        )
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds here; all mean "bad weights"
-        raise CheckpointError(f"{p}: {WEIGHTS_NAME} cannot be loaded as plain tensors: {exc}") from None
-    if isinstance(state, Mapping) and "state_dict" in state and isinstance(state["state_dict"], Mapping):
+        raise CheckpointError(
+            f"{p}: {WEIGHTS_NAME} cannot be loaded as plain tensors: {exc}"
+        ) from None
+    if (
+        isinstance(state, Mapping)
+        and "state_dict" in state
+        and isinstance(state["state_dict"], Mapping)
+    ):
         state = state["state_dict"]
     if not isinstance(state, Mapping):
         raise CheckpointError(f"{p}: {WEIGHTS_NAME} does not hold a state dict")
@@ -140,7 +148,9 @@ def write_nemo(
     import yaml
 
     p = Path(path)
-    members: dict[str, bytes] = {CONFIG_NAME: yaml.safe_dump(dict(config), sort_keys=False).encode()}
+    members: dict[str, bytes] = {
+        CONFIG_NAME: yaml.safe_dump(dict(config), sort_keys=False).encode()
+    }
     buf = io.BytesIO()
     torch.save(dict(state_dict), buf)
     members[WEIGHTS_NAME] = buf.getvalue()
@@ -175,7 +185,13 @@ def list_models() -> list[dict[str, Any]]:
                 continue
             seen.add(f.stem)
             found.append(
-                {"name": f.stem, "path": str(f), "size_bytes": f.stat().st_size, "dir": str(d), "backend": "parakeet"}
+                {
+                    "name": f.stem,
+                    "path": str(f),
+                    "size_bytes": f.stat().st_size,
+                    "dir": str(d),
+                    "backend": "parakeet",
+                }
             )
     return found
 

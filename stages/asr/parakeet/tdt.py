@@ -112,7 +112,9 @@ class LabelLoopingTDT:
         self.duration_values = list(durations)
         self._durations: dict[torch.device, torch.Tensor] = {}
 
-    def new_state(self, batch: int, max_time: int, device: torch.device, dtype: torch.dtype) -> LoopState:
+    def new_state(
+        self, batch: int, max_time: int, device: torch.device, dtype: torch.dtype
+    ) -> LoopState:
         return LoopState(
             batch, max_time, self.max_symbols, self.joint.out.in_features, self.pred, device, dtype
         )
@@ -197,7 +199,9 @@ class LabelLoopingTDT:
         s.dec_out.copy_(torch.where(s.found[:, None], self.joint.project_prediction(g), s.dec_out))
 
         # Too many labels on one frame with duration 0: force one frame of progress.
-        force = s.active & s.found & (s.last_stamp_count >= self.max_symbols) & (s.last_stamp == s.time)
+        force = (
+            s.active & s.found & (s.last_stamp_count >= self.max_symbols) & (s.last_stamp == s.time)
+        )
         s.time.add_(force)
         self._refresh_activity(s)
         torch.any(s.active, out=s.active_any)

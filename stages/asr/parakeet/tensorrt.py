@@ -79,7 +79,10 @@ def export_encoder_onnx(encoder: FastConformerEncoder, frames: int = 301, opset:
     """The encoder as ONNX bytes (float32 weights, dynamic batch and time)."""
     require("onnx", what="exporting the Parakeet encoder", extra="gpu")
     module = _ExportedEncoder(copy.deepcopy(encoder).float().cpu()).eval()
-    example = (torch.zeros(2, encoder.dims.n_mels, frames), torch.tensor([frames, frames // 2], dtype=torch.int32))
+    example = (
+        torch.zeros(2, encoder.dims.n_mels, frames),
+        torch.tensor([frames, frames // 2], dtype=torch.int32),
+    )
     buf = io.BytesIO()
     with torch.no_grad():
         torch.onnx.export(
@@ -119,7 +122,10 @@ def build_engine(
     for p in profiles:
         prof = builder.create_optimization_profile()
         prof.set_shape(
-            INPUT_FEATURES, (p.min[0], n_mels, p.min[1]), (p.opt[0], n_mels, p.opt[1]), (p.max[0], n_mels, p.max[1])
+            INPUT_FEATURES,
+            (p.min[0], n_mels, p.min[1]),
+            (p.opt[0], n_mels, p.opt[1]),
+            (p.max[0], n_mels, p.max[1]),
         )
         prof.set_shape(INPUT_LENGTHS, (p.min[0],), (p.opt[0],), (p.max[0],))
         config.add_optimization_profile(prof)
@@ -133,7 +139,11 @@ class TensorRTEncoder:
     """Runs a multi-profile engine as a drop-in encoder: ``(features, lengths) → (encoded, lengths)``."""
 
     def __init__(
-        self, engine: bytes, profiles: Sequence[Profile], n_strided_convs: int, device: torch.device | str = "cuda"
+        self,
+        engine: bytes,
+        profiles: Sequence[Profile],
+        n_strided_convs: int,
+        device: torch.device | str = "cuda",
     ) -> None:
         trt = require("tensorrt", what="the TensorRT Parakeet encoder", extra="gpu")
         self.device = torch.device(device)
@@ -168,18 +178,27 @@ class TensorRTEncoder:
         if cache is not None and cache.is_file():
             engine = cache.read_bytes()
         else:
-            engine = build_engine(export_encoder_onnx(encoder), encoder.dims.n_mels, profiles, precision)
+            engine = build_engine(
+                export_encoder_onnx(encoder), encoder.dims.n_mels, profiles, precision
+            )
             if cache is not None:
                 cache.write_bytes(engine)
         return cls(engine, profiles, encoder.dims.n_strided_convs)
 
-    def __call__(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, features: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         b, m, t = features.shape
         max_batch = max(p.max[0] for p in self.profiles)
         if b > max_batch:  # split: no profile takes it whole
-            parts = [self(features[i : i + max_batch], lengths[i : i + max_batch]) for i in range(0, b, max_batch)]
+            parts = [
+                self(features[i : i + max_batch], lengths[i : i + max_batch])
+                for i in range(0, b, max_batch)
+            ]
             width = max(p[0].shape[1] for p in parts)
-            enc = torch.cat([nn.functional.pad(p[0], (0, 0, 0, width - p[0].shape[1])) for p in parts])
+            enc = torch.cat(
+                [nn.functional.pad(p[0], (0, 0, 0, width - p[0].shape[1])) for p in parts]
+            )
             return enc, torch.cat([p[1] for p in parts])
         k = pick_profile(self.profiles, b, t)
         if t < self.profiles[k].min[1]:
@@ -189,7 +208,9 @@ class TensorRTEncoder:
         ctx = self._contexts[k]
         ctx.set_input_shape(INPUT_FEATURES, tuple(features.shape))
         ctx.set_input_shape(INPUT_LENGTHS, (b,))
-        out = torch.empty(tuple(ctx.get_tensor_shape(OUTPUT)), dtype=torch.float32, device=features.device)
+        out = torch.empty(
+            tuple(ctx.get_tensor_shape(OUTPUT)), dtype=torch.float32, device=features.device
+        )
         ctx.set_tensor_address(INPUT_FEATURES, features.data_ptr())
         ctx.set_tensor_address(INPUT_LENGTHS, lengths32.data_ptr())
         ctx.set_tensor_address(OUTPUT, out.data_ptr())

@@ -36,8 +36,12 @@ class ParakeetTranscriber:
         self.dtype = dtype
         self.max_batch = max_batch
         dd = model.dims.decoder
-        self.tdt = LabelLoopingTDT(model.decoder, model.joint, dd.durations, max_symbols or dd.max_symbols)
-        self.decoder = GraphTDTDecoder(self.tdt, mode=decoder_mode) if self.device.type == "cuda" else None
+        self.tdt = LabelLoopingTDT(
+            model.decoder, model.joint, dd.durations, max_symbols or dd.max_symbols
+        )
+        self.decoder = (
+            GraphTDTDecoder(self.tdt, mode=decoder_mode) if self.device.type == "cuda" else None
+        )
         self.encoder = encoder
         fe = model.dims.front_end
         self.frame_seconds = fe.hop_length * model.dims.encoder.subsampling_factor / fe.sample_rate
@@ -51,7 +55,9 @@ class ParakeetTranscriber:
         results: list[DecodedUtterance | None] = [None] * len(audio)
         for start in range(0, len(order), self.max_batch):
             chunk = order[start : start + self.max_batch]
-            for i, decoded in zip(chunk, self._transcribe_batch([audio[i] for i in chunk])):
+            for i, decoded in zip(
+                chunk, self._transcribe_batch([audio[i] for i in chunk]), strict=True
+            ):
                 results[i] = decoded
         return [r for r in results if r is not None]
 
@@ -68,7 +74,9 @@ class ParakeetTranscriber:
         n_fft = self.model.dims.front_end.n_fft
         longest = max([len(a) for a in audio] + [n_fft])  # the STFT needs at least one window
         # Page-locked on CUDA (the caching host allocator reuses it), so the copy is async.
-        host = torch.empty(len(audio), longest, dtype=torch.float32, pin_memory=self.device.type == "cuda")
+        host = torch.empty(
+            len(audio), longest, dtype=torch.float32, pin_memory=self.device.type == "cuda"
+        )
         for row, a in enumerate(audio):
             host[row, : len(a)] = torch.from_numpy(np.asarray(a, dtype=np.float32))
             host[row, len(a) :] = 0.0

@@ -81,7 +81,9 @@ def build_model(dims: ParakeetDims, state: Mapping[str, torch.Tensor]) -> Parake
             problems.append(f"unexpected key {key} (not part of the model the config describes)")
             continue
         if tuple(value.shape) != expected[ours]:
-            problems.append(f"{key}: shape {tuple(value.shape)}, the config implies {expected[ours]}")
+            problems.append(
+                f"{key}: shape {tuple(value.shape)}, the config implies {expected[ours]}"
+            )
             continue
         mapped[ours] = value.float() if value.is_floating_point() else value
     optional = ("features.window", "features.fb")  # recomputed when a checkpoint lacks them

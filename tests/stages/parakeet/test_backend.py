@@ -28,7 +28,9 @@ def _audio() -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def backend(nemo_files) -> ParakeetBackend:
-    return ParakeetBackend(ASRConfig(backend="parakeet", model=str(nemo_files["v3"][0]), threads=1), max_batch=3)
+    return ParakeetBackend(
+        ASRConfig(backend="parakeet", model=str(nemo_files["v3"][0]), threads=1), max_batch=3
+    )
 
 
 def test_implements_the_backend_protocol(backend: ParakeetBackend) -> None:
@@ -51,7 +53,7 @@ def test_batched_equals_one_by_one_and_keeps_order(backend: ParakeetBackend) -> 
 
 def test_text_words_and_times_agree(backend: ParakeetBackend) -> None:
     audio = _audio()
-    for a, h in zip(audio, backend.transcribe_batch(audio)):
+    for a, h in zip(audio, backend.transcribe_batch(audio), strict=True):
         assert h.text == backend.tokenizer.text(h.tokens)
         assert len(h.token_times) == len(h.tokens)
         assert list(h.token_times) == sorted(h.token_times)
@@ -61,7 +63,9 @@ def test_text_words_and_times_agree(backend: ParakeetBackend) -> None:
 
 
 def test_bfloat16_on_cpu_runs(nemo_files) -> None:
-    bf16 = ParakeetBackend(ASRConfig(model=str(nemo_files["110m"][0]), compute_type="bfloat16", threads=1))
+    bf16 = ParakeetBackend(
+        ASRConfig(model=str(nemo_files["110m"][0]), compute_type="bfloat16", threads=1)
+    )
     assert bf16.transcriber.dtype == torch.bfloat16
     hyps = bf16.transcribe_batch(_audio()[:2])
     assert len(hyps) == 2

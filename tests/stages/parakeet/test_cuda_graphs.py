@@ -7,12 +7,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .tiny_models import random_model  # noqa: E402
-from .test_tdt import _bias, reference_decode  # noqa: E402
-
 from stages.asr.parakeet.conditional_nodes import while_node_openers  # noqa: E402
 from stages.asr.parakeet.cuda_graphs import GraphTDTDecoder  # noqa: E402
 from stages.asr.parakeet.tdt import LabelLoopingTDT  # noqa: E402
+
+from .test_tdt import _bias, reference_decode  # noqa: E402
+from .tiny_models import random_model  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,7 +28,9 @@ def _setup(kind: str, seed: int, **bias):
     model = model.cuda()
     tdt = LabelLoopingTDT(model.decoder, model.joint, model.dims.decoder.durations, 4)
     gen = torch.Generator().manual_seed(seed)
-    enc = torch.randn(len(LENGTHS), max(LENGTHS), model.dims.decoder.joint_hidden, generator=gen).cuda()
+    enc = torch.randn(
+        len(LENGTHS), max(LENGTHS), model.dims.decoder.joint_hidden, generator=gen
+    ).cuda()
     return model, tdt, enc, torch.tensor(LENGTHS).cuda()
 
 

@@ -25,11 +25,16 @@ def test_prediction_network_and_joint_match_transformers(kind: str) -> None:
         ref_g = hf.decoder(labels)  # embedding + LSTM + decoder_projector (= NeMo joint.pred)
         assert (ours_g - ref_g).abs().max().item() <= 1e-6
 
-        enc = torch.randn(2, 5, model.dims.encoder.d_model, generator=torch.Generator().manual_seed(0))
+        enc = torch.randn(
+            2, 5, model.dims.encoder.d_model, generator=torch.Generator().manual_seed(0)
+        )
         f = model.joint.project_encoder(enc)
         assert (f - hf.encoder_projector(enc)).abs().max().item() <= 1e-6
         ours_logits = model.joint.logits(f[:, :, None, :], ours_g[:, None, :, :])
-        ref_logits = hf.joint(decoder_hidden_states=ref_g[:, None], encoder_hidden_states=hf.encoder_projector(enc)[:, :, None])
+        ref_logits = hf.joint(
+            decoder_hidden_states=ref_g[:, None],
+            encoder_hidden_states=hf.encoder_projector(enc)[:, :, None],
+        )
         assert ours_logits.shape == (2, 5, 4, d.joint_outputs)
         assert (ours_logits - ref_logits).abs().max().item() <= 1e-5
 

@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .tiny_models import hf_reference, random_model  # noqa: E402
-
 from stages.asr.parakeet.encoder import subsampled_lengths  # noqa: E402
+
+from .tiny_models import hf_reference, random_model  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["v3", "110m"])
@@ -36,7 +36,9 @@ def test_encoder_matches_transformers_per_utterance(pair) -> None:
     with torch.no_grad():
         ours, ours_len = model.encoder(feats, torch.tensor(lengths))
         for i, n in enumerate(lengths):
-            ref = hf.encoder(input_features=feats[i : i + 1, :, :n].transpose(1, 2)).last_hidden_state[0]
+            ref = hf.encoder(
+                input_features=feats[i : i + 1, :, :n].transpose(1, 2)
+            ).last_hidden_state[0]
             m = int(ours_len[i])
             assert m == ref.shape[0]
             assert _rel_err(ours[i, :m], ref) <= 1e-4
@@ -45,12 +47,15 @@ def test_encoder_matches_transformers_per_utterance(pair) -> None:
 def test_encoder_matches_transformers_on_the_padded_batch(pair) -> None:
     model, hf = pair
     lengths = torch.tensor([240, 97, 33])
-    feats = torch.randn(3, model.dims.encoder.n_mels, 240, generator=torch.Generator().manual_seed(1))
+    feats = torch.randn(
+        3, model.dims.encoder.n_mels, 240, generator=torch.Generator().manual_seed(1)
+    )
     feats = feats * (torch.arange(240)[None, None, :] < lengths[:, None, None])
     with torch.no_grad():
         ours, ours_len = model.encoder(feats, lengths)
         out = hf.encoder(
-            input_features=feats.transpose(1, 2), attention_mask=torch.arange(240)[None] < lengths[:, None]
+            input_features=feats.transpose(1, 2),
+            attention_mask=torch.arange(240)[None] < lengths[:, None],
         )
     assert out.attention_mask.sum(-1).tolist() == ours_len.tolist()
     for i, m in enumerate(ours_len.tolist()):
@@ -71,7 +76,9 @@ def test_subsampled_lengths_follow_nemo() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_reduced_precision_stays_close(pair, dtype: torch.dtype) -> None:
     model, _ = pair
-    feats = torch.randn(2, model.dims.encoder.n_mels, 160, generator=torch.Generator().manual_seed(2))
+    feats = torch.randn(
+        2, model.dims.encoder.n_mels, 160, generator=torch.Generator().manual_seed(2)
+    )
     lengths = torch.tensor([160, 120])
     feats[1, :, 120:] = 0
     with torch.no_grad():

@@ -18,7 +18,9 @@ def _audio(lengths: list[int], seed: int = 0) -> list[np.ndarray]:
     out = []
     for n in lengths:
         t = np.arange(n) / 16000
-        x = 0.3 * np.sin(2 * np.pi * (150 + 40 * rng.random()) * t) * np.hanning(n) + 0.02 * rng.standard_normal(n)
+        x = 0.3 * np.sin(2 * np.pi * (150 + 40 * rng.random()) * t) * np.hanning(
+            n
+        ) + 0.02 * rng.standard_normal(n)
         out.append(x.astype(np.float32))
     return out
 
@@ -42,7 +44,9 @@ def test_features_match_transformers_on_a_padded_batch(n_mels: int) -> None:
     samples = torch.tensor([len(a) for a in audio])
     feats, lengths = fe(batch, samples)
 
-    ref = tf.ParakeetFeatureExtractor(feature_size=n_mels)(audio, sampling_rate=16000, return_tensors="pt")
+    ref = tf.ParakeetFeatureExtractor(feature_size=n_mels)(
+        audio, sampling_rate=16000, return_tensors="pt"
+    )
     ref_feats = ref.input_features.transpose(1, 2)  # HF is (B, T, M)
     assert lengths.tolist() == ref.attention_mask.sum(-1).tolist() == [len(a) // 160 for a in audio]
     t = min(feats.shape[-1], ref_feats.shape[-1])

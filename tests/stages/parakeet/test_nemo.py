@@ -11,12 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .tiny_models import TOKENIZER_NAME, nemo_state, random_model, train_tokenizer  # noqa: E402
-
 from agent.errors import ModelNotFoundError  # noqa: E402
 from stages.asr.parakeet.dims import CheckpointError, dims_from_config  # noqa: E402
 from stages.asr.parakeet.nemo import list_models, read_nemo, resolve_model, write_nemo  # noqa: E402
 from stages.asr.parakeet.weights import build_model  # noqa: E402
+
+from .tiny_models import TOKENIZER_NAME, nemo_state, random_model, train_tokenizer  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", ["v3", "v2", "110m"])
@@ -40,7 +40,11 @@ def test_published_shapes_are_read_from_the_config(nemo_files) -> None:
     v3 = dims_from_config(read_nemo(nemo_files["v3"][0]).config)
     small = dims_from_config(read_nemo(nemo_files["110m"][0]).config)
     assert (v3.encoder.use_bias, v3.decoder.pred_layers, v3.front_end.n_mels) == (False, 2, 128)
-    assert (small.encoder.use_bias, small.decoder.pred_layers, small.front_end.n_mels) == (True, 1, 80)
+    assert (small.encoder.use_bias, small.decoder.pred_layers, small.front_end.n_mels) == (
+        True,
+        1,
+        80,
+    )
     assert not v3.encoder.xscaling and v3.decoder.durations == (0, 1, 2, 3, 4)
 
 
@@ -49,7 +53,13 @@ def _write(tmp_path: Path, name: str, mutate=None, **kwargs) -> Path:
     state = nemo_state(model, cfg)
     if mutate:
         mutate(state)
-    return write_nemo(tmp_path / name, cfg, state, {TOKENIZER_NAME: train_tokenizer(cfg["decoder"]["vocab_size"])}, **kwargs)
+    return write_nemo(
+        tmp_path / name,
+        cfg,
+        state,
+        {TOKENIZER_NAME: train_tokenizer(cfg["decoder"]["vocab_size"])},
+        **kwargs,
+    )
 
 
 def test_gzip_tar_loads(tmp_path: Path) -> None:
@@ -61,9 +71,13 @@ def test_gzip_tar_loads(tmp_path: Path) -> None:
 
 
 def test_missing_key_is_named(tmp_path: Path) -> None:
-    path = _write(tmp_path, "missing.nemo", lambda s: s.pop("encoder.layers.1.self_attn.linear_q.weight"))
+    path = _write(
+        tmp_path, "missing.nemo", lambda s: s.pop("encoder.layers.1.self_attn.linear_q.weight")
+    )
     archive = read_nemo(path)
-    with pytest.raises(CheckpointError, match=r"missing key encoder\.layers\.1\.self_attn\.linear_q\.weight"):
+    with pytest.raises(
+        CheckpointError, match=r"missing key encoder\.layers\.1\.self_attn\.linear_q\.weight"
+    ):
         build_model(dims_from_config(archive.config), archive.state_dict)
 
 
@@ -78,10 +92,14 @@ def test_wrong_shape_is_named(tmp_path: Path) -> None:
 
 def test_bias_mismatch_between_config_and_weights(tmp_path: Path) -> None:
     def add_bias(state):
-        state["encoder.layers.0.self_attn.linear_q.bias"] = torch.zeros(state["encoder.layers.0.self_attn.linear_q.weight"].shape[0])
+        state["encoder.layers.0.self_attn.linear_q.bias"] = torch.zeros(
+            state["encoder.layers.0.self_attn.linear_q.weight"].shape[0]
+        )
 
     archive = read_nemo(_write(tmp_path, "bias.nemo", add_bias))
-    with pytest.raises(CheckpointError, match="unexpected key encoder.layers.0.self_attn.linear_q.bias"):
+    with pytest.raises(
+        CheckpointError, match="unexpected key encoder.layers.0.self_attn.linear_q.bias"
+    ):
         build_model(dims_from_config(archive.config), archive.state_dict)
 
 
@@ -162,7 +180,9 @@ def test_missing_file_says_how_to_pass_a_model(tmp_path: Path) -> None:
         resolve_model("")
 
 
-def test_list_models_and_resolve_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nemo_files) -> None:
+def test_list_models_and_resolve_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nemo_files
+) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()

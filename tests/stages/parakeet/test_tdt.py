@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .tiny_models import hf_reference, random_model  # noqa: E402
-
 from stages.asr.parakeet.cuda_graphs import GraphTDTDecoder  # noqa: E402
 from stages.asr.parakeet.model import ParakeetTDT  # noqa: E402
 from stages.asr.parakeet.tdt import LabelLoopingTDT  # noqa: E402
+
+from .tiny_models import hf_reference, random_model  # noqa: E402
 
 
 def reference_decode(model: ParakeetTDT, enc_proj: torch.Tensor, length: int, max_symbols: int):
@@ -46,10 +46,14 @@ def reference_decode(model: ParakeetTDT, enc_proj: torch.Tensor, length: int, ma
 
 def _enc_proj(model: ParakeetTDT, lengths: list[int], seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(len(lengths), max(max(lengths), 1), model.dims.decoder.joint_hidden, generator=gen)
+    return torch.randn(
+        len(lengths), max(max(lengths), 1), model.dims.decoder.joint_hidden, generator=gen
+    )
 
 
-def _bias(model: ParakeetTDT, blank: float = 0.0, duration: dict[int, float] | None = None) -> ParakeetTDT:
+def _bias(
+    model: ParakeetTDT, blank: float = 0.0, duration: dict[int, float] | None = None
+) -> ParakeetTDT:
     d = model.dims.decoder
     with torch.no_grad():
         model.joint.out.bias[d.blank_id] += blank
@@ -58,7 +62,9 @@ def _bias(model: ParakeetTDT, blank: float = 0.0, duration: dict[int, float] | N
     return model
 
 
-def _check_against_reference(model: ParakeetTDT, lengths: list[int], max_symbols: int, seed: int = 0):
+def _check_against_reference(
+    model: ParakeetTDT, lengths: list[int], max_symbols: int, seed: int = 0
+):
     enc = _enc_proj(model, lengths, seed)
     tdt = LabelLoopingTDT(model.decoder, model.joint, model.dims.decoder.durations, max_symbols)
     with torch.no_grad():
@@ -97,7 +103,7 @@ def test_forced_duration_zero_hits_max_symbols_on_every_frame() -> None:
     _, model = _bias_pair(blank=-100.0, duration={0: 100.0})
     for max_symbols in (1, 3, 10):
         out = _check_against_reference(model, LENGTHS, max_symbols=max_symbols, seed=4)
-        for o, n in zip(out, LENGTHS):
+        for o, n in zip(out, LENGTHS, strict=True):
             assert len(o.tokens) == n * max_symbols
             assert o.frames == tuple(t for t in range(n) for _ in range(max_symbols))
 
@@ -125,7 +131,7 @@ def test_durations_that_are_not_their_index() -> None:
 def test_outputs_are_well_formed() -> None:
     _, model = random_model("v2", seed=9)
     out = _check_against_reference(model, LENGTHS, max_symbols=2, seed=9)
-    for o, n in zip(out, LENGTHS):
+    for o, n in zip(out, LENGTHS, strict=True):
         assert list(o.frames) == sorted(o.frames)
         assert all(0 <= f < n for f in o.frames)
         assert all(o.frames.count(f) <= 2 for f in set(o.frames))
@@ -138,7 +144,9 @@ def test_cpu_decoder_ignores_graph_modes_and_splits_big_batches() -> None:
     lengths = [9, 4, 0, 7, 3]
     enc = _enc_proj(model, lengths, 2)
     direct = tdt.decode(enc, torch.tensor(lengths))
-    via_graph_decoder = GraphTDTDecoder(tdt, mode="auto", max_bucket=2).decode(enc, torch.tensor(lengths))
+    via_graph_decoder = GraphTDTDecoder(tdt, mode="auto", max_bucket=2).decode(
+        enc, torch.tensor(lengths)
+    )
     assert via_graph_decoder == direct
 
 
@@ -148,7 +156,9 @@ def test_reference_agrees_with_transformers_generate() -> None:
     _, model = random_model("v3", seed=12)
     _bias(model, blank=-0.5, duration={0: -100.0})
     hf = hf_reference(model)
-    feats = torch.randn(1, model.dims.encoder.n_mels, 400, generator=torch.Generator().manual_seed(12))
+    feats = torch.randn(
+        1, model.dims.encoder.n_mels, 400, generator=torch.Generator().manual_seed(12)
+    )
     with torch.no_grad():
         enc, lengths = model.encoder(feats, torch.tensor([400]))
         ref = reference_decode(model, model.joint.project_encoder(enc)[0], int(lengths[0]), 10)

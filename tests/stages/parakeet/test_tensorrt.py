@@ -8,16 +8,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .tiny_models import random_model  # noqa: E402
-
 from stages.asr.parakeet.tensorrt import default_profiles, export_encoder_onnx, pick_profile  # noqa: E402
+
+from .tiny_models import random_model  # noqa: E402
 
 
 def test_onnx_export_matches_torch_at_other_shapes() -> None:
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     _, model = random_model("110m", seed=21)
-    session = ort.InferenceSession(export_encoder_onnx(model.encoder), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        export_encoder_onnx(model.encoder), providers=["CPUExecutionProvider"]
+    )
     gen = torch.Generator().manual_seed(0)
     for lengths in ([97, 97, 40], [600], [16, 9]):
         feats = torch.randn(len(lengths), model.dims.encoder.n_mels, max(lengths), generator=gen)
@@ -28,7 +30,9 @@ def test_onnx_export_matches_torch_at_other_shapes() -> None:
             ref, ref_len = model.encoder(feats, lens.long())
         assert out.shape == tuple(ref.shape)
         for i, n in enumerate(ref_len.tolist()):
-            assert abs(out[i, :n] - ref[i, :n].numpy()).max() <= 1e-4 * float(ref[i, :n].abs().max())
+            assert abs(out[i, :n] - ref[i, :n].numpy()).max() <= 1e-4 * float(
+                ref[i, :n].abs().max()
+            )
 
 
 def test_profiles_cover_chunks_utterances_and_windows() -> None:

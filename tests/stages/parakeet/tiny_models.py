@@ -33,9 +33,15 @@ TOKENIZER_NAME = "0123456789abcdef0123456789abcdef_tokenizer.model"
 
 # Small enough to run in milliseconds, large enough that every code path is exercised.
 TINY = {
-    "v3": dict(n_layers=2, d_model=64, n_heads=4, vocab_size=64, pred_hidden=48, subsampling_channels=16),
-    "v2": dict(n_layers=2, d_model=48, n_heads=2, vocab_size=48, pred_hidden=32, subsampling_channels=8),
-    "110m": dict(n_layers=3, d_model=32, n_heads=4, vocab_size=56, pred_hidden=40, subsampling_channels=8),
+    "v3": dict(
+        n_layers=2, d_model=64, n_heads=4, vocab_size=64, pred_hidden=48, subsampling_channels=16
+    ),
+    "v2": dict(
+        n_layers=2, d_model=48, n_heads=2, vocab_size=48, pred_hidden=32, subsampling_channels=8
+    ),
+    "110m": dict(
+        n_layers=3, d_model=32, n_heads=4, vocab_size=56, pred_hidden=40, subsampling_channels=8
+    ),
 }
 
 
@@ -48,7 +54,7 @@ def randomize(model: ParakeetTDT, seed: int, scale: float = 0.2) -> ParakeetTDT:
     blank embedding row, which NeMo keeps at zero (padding_idx)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, t in model.named_parameters():
+        for t in model.parameters():
             t.copy_(torch.randn(t.shape, generator=gen) * scale)
         for name, t in model.named_buffers():
             if name.endswith("running_var"):
@@ -66,7 +72,9 @@ def random_model(kind: str, seed: int = 0, **overrides: Any) -> tuple[dict[str, 
 
 def training_text() -> list[str]:
     if MANIFEST.is_file():
-        return [json.loads(line)["text"].lower() for line in MANIFEST.read_text().splitlines() if line]
+        return [
+            json.loads(line)["text"].lower() for line in MANIFEST.read_text().splitlines() if line
+        ]
     return _FALLBACK_TEXT
 
 
@@ -94,7 +102,9 @@ def nemo_state(model: ParakeetTDT, cfg: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def write_tiny_nemo(path: Path, kind: str, seed: int = 0, *, compress: bool = False) -> tuple[Path, ParakeetTDT]:
+def write_tiny_nemo(
+    path: Path, kind: str, seed: int = 0, *, compress: bool = False
+) -> tuple[Path, ParakeetTDT]:
     cfg, model = random_model(kind, seed)
     vocab = cfg["decoder"]["vocab_size"]
     sp_model = train_tokenizer(vocab)
