@@ -1,0 +1,272 @@
+"""The OpenAI-compatible client against real servers on loopback: llama.cpp's own server
+running SmolLM2, and small scripted HTTP servers for error statuses and odd SSE streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.config import LLMConfig
+from agent.errors import VoxlineError
+from stages.llm.local import smollm2_path
+from stages.llm.openai import LLMConnectionError, LLMServerError, OpenAILLM
+
+KEY = "test-key"
+HELLO = [{"role": "user", "content": "Say hello to me."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``python -m llama_cpp.server`` on a free loopback port; yields its /v1 base URL."""
+    pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] not installed")
+    httpx = pytest.importorskip("httpx")
+    port = free_port()
+    # The server logs hundreds of kB at start-up: to a file, since a full pipe would stall it.
+    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(smollm2_path()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_threads",
+            "1",
+            "--n_ctx",
+            "1024",
+            "--api_key",
+            KEY,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"llama_cpp.server exited: {log_path.read_text(errors='replace')[-2000:]}"
+                )
+            try:
+                r = httpx.get(
+                    f"{base}/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=2
+                )
+                if r.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("llama_cpp.server did not become ready in 120 s")
+            time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def client(base_url: str, api_key: str = KEY, max_tokens: int = 24, model: str = "") -> OpenAILLM:
+    cfg = LLMConfig(
+        backend="openai",
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
+        max_tokens=max_tokens,
+        temperature=0.0,
+    )
+    return OpenAILLM(cfg)
+
+
+async def collect(llm: OpenAILLM, messages: list[dict[str, str]] = HELLO) -> list[str]:
+    try:
+        return [t async for t in llm.stream(messages)]
+    finally:
+        await llm.aclose()
+
+
+def test_streams_a_reply_from_llama_cpp_server(server: str) -> None:
+    deltas = asyncio.run(collect(client(server)))
+    assert len(deltas) >= 3 and all(deltas)
+    assert "".join(deltas).strip()
+
+
+def test_cancelling_closes_the_stream_and_the_server_serves_the_next_request(server: str) -> None:
+    async def main() -> list[str]:
+        llm = client(server, max_tokens=200)
+        seen: list[str] = []
+
+        async def consume() -> None:
+            async for t in llm.stream([{"role": "user", "content": "Tell me a long story."}]):
+                seen.append(t)
+
+        task = asyncio.create_task(consume())
+        while len(seen) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        count = len(seen)
+        await asyncio.sleep(0.2)
+        assert len(seen) == count
+        await llm.aclose()
+        return await collect(client(server))
+
+    assert asyncio.run(main())
+
+
+def test_a_wrong_api_key_is_a_401_with_the_servers_message(server: str) -> None:
+    with pytest.raises(LLMServerError) as info:
+        asyncio.run(collect(client(server, api_key="wrong")))
+    assert info.value.status == 401
+    assert server in str(info.value) and "401" in str(info.value)
+    assert info.value.server_message
+
+
+def test_a_wrong_path_is_a_404(server: str) -> None:
+    with pytest.raises(LLMServerError) as info:
+        asyncio.run(collect(client(server.replace("/v1", "/nope"))))
+    assert info.value.status == 404
+
+
+def test_connection_refused_names_the_url() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(LLMConnectionError, match=f"{url}/chat/completions"):
+        asyncio.run(collect(client(url)))
+
+
+# --- scripted servers ------------------------------------------------------------------------
+
+
+class Scripted(http.server.BaseHTTPRequestHandler):
+    """Answers every POST with the class's status and body, written in pieces."""
+
+    status = 200
+    content_type = "text/event-stream"
+    pieces: list[bytes] = []
+    requests: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        length = int(self.headers.get("Content-Length", 0))
+        type(self).requests.append(
+            {"auth": self.headers.get("Authorization"), "body": json.loads(self.rfile.read(length))}
+        )
+        self.send_response(self.status)
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for piece in self.pieces:
+            self.wfile.write(piece)
+            self.wfile.flush()
+            time.sleep(0.005)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def scripted(
+    status: int, pieces: list[bytes], content_type: str = "text/event-stream"
+) -> Iterator[tuple[str, type[Scripted]]]:
+    """A loopback HTTP server answering with ``pieces``; yields its /v1 URL and handler class."""
+    handler = type(
+        "Handler",
+        (Scripted,),
+        {"status": status, "pieces": pieces, "content_type": content_type, "requests": []},
+    )
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def chunk(text: str) -> bytes:
+    return json.dumps(
+        {"choices": [{"index": 0, "delta": {"content": text}}]}, ensure_ascii=False
+    ).encode()
+
+
+def test_a_5xx_carries_the_status_and_the_servers_message() -> None:
+    body = json.dumps({"error": {"message": "model is overloaded", "type": "server_error"}})
+    with (
+        scripted(503, [body.encode()], "application/json") as (url, _),
+        pytest.raises(LLMServerError, match="model is overloaded") as info,
+    ):
+        asyncio.run(collect(client(url)))
+    assert info.value.status == 503 and isinstance(info.value, VoxlineError)
+
+
+def test_odd_but_valid_sse_streams_parse() -> None:
+    split = b"data: " + chunk("w\u00e9rld") + b"\n\n"
+    cut = split.index(b"\xc3") + 1  # inside the two-byte UTF-8 "é"
+    pieces = [
+        b": keep-alive\r\n\r\n",
+        b"data: " + chunk("Hel") + b"\r\n\r\n",
+        b"event: message\nda",
+        b"ta: " + chunk("lo, ") + b"\n\n",
+        b'data: {"choices": []}\n\n',  # a usage-only chunk
+        b":\n\n",
+        split[:cut],
+        split[cut:-1],
+        split[-1:],
+        b"data: [DONE]\n\n",
+        b"data: " + chunk("after done") + b"\n\n",
+    ]
+    with scripted(200, pieces) as (url, _):
+        assert "".join(asyncio.run(collect(client(url)))) == "Hello, w\u00e9rld"
+
+
+def test_a_stream_without_done_ends_when_the_server_closes() -> None:
+    pieces = [b"data: " + chunk("one") + b"\n\n", b"data: " + chunk(" two")]
+    with scripted(200, pieces) as (url, _):
+        assert "".join(asyncio.run(collect(client(url)))) == "one two"
+
+
+def test_an_error_event_inside_the_stream_raises() -> None:
+    pieces = [
+        b"data: " + chunk("Hi") + b"\n\n",
+        b'data: {"error": {"message": "generation crashed"}}\n\n',
+    ]
+    with (
+        scripted(200, pieces) as (url, _),
+        pytest.raises(LLMServerError, match="generation crashed"),
+    ):
+        asyncio.run(collect(client(url)))
+
+
+def test_the_request_carries_key_model_and_stream_flag() -> None:
+    with scripted(200, [b"data: [DONE]\n\n"]) as (url, handler):
+        assert asyncio.run(collect(client(url, model="my-model"))) == []
+    (req,) = handler.requests
+    assert req["auth"] == f"Bearer {KEY}"
+    assert req["body"]["model"] == "my-model" and req["body"]["stream"] is True
+    assert req["body"]["messages"] == HELLO

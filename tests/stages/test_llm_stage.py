@@ -1,0 +1,161 @@
+"""The LLM stage with SmolLM2: deltas, speakable chunks, history, greeting, barge-in, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.config import AgentConfig, LLMConfig
+from agent.frames import (
+    Direction,
+    ErrorFrame,
+    Frame,
+    Interrupt,
+    LLMEnd,
+    LLMTextDelta,
+    TextToSpeak,
+    UserTurnEnded,
+)
+from agent.pipeline import Pipeline
+from agent.stage import StageContext
+from agent.trace import Trace
+from stages.llm.local import LocalLLM
+from stages.llm.stage import LLMStage
+
+DOWN = Direction.DOWNSTREAM
+
+
+@pytest.fixture(scope="module")
+def llm() -> LocalLLM:
+    pytest.importorskip("llama_cpp")
+    model = LocalLLM(LLMConfig(max_tokens=64, temperature=0.0, threads=1, context=512))
+    model.warmup()
+    return model
+
+
+class Harness:
+    def __init__(self, llm: LocalLLM, agent: AgentConfig | None = None) -> None:
+        self.frames: list[Frame] = []
+        self.stage = LLMStage(llm, llm.cfg, agent or AgentConfig())
+        self.pipeline = Pipeline([self.stage], on_output=self._out)
+        self.trace = Trace()
+        self.ctx = StageContext(trace=self.trace)
+        self.changed = asyncio.Event()
+
+    def _out(self, frame: Frame) -> None:
+        self.frames.append(frame)
+        self.changed.set()
+
+    async def __aenter__(self) -> Harness:
+        await self.pipeline.start(self.ctx)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pipeline.stop()
+        await self.ctx.cancel_all()
+
+    async def until(self, predicate, timeout: float = 60.0) -> None:  # noqa: ANN001
+        async def wait() -> None:
+            while not predicate(self.frames):
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(wait(), timeout)
+
+    def of(self, kind: type) -> list:  # noqa: ANN401
+        return [f for f in self.frames if isinstance(f, kind)]
+
+
+def ends(frames: list[Frame]) -> int:
+    return sum(isinstance(f, LLMEnd) for f in frames)
+
+
+def test_a_turn_streams_deltas_chunks_and_one_end(llm: LocalLLM) -> None:
+    async def main() -> Harness:
+        async with Harness(llm) as h:
+            h.trace.begin_turn(speech_end=1)
+            h.pipeline.push(UserTurnEnded("Hello! Who are you and what can you do?"), DOWN)
+            await h.until(lambda fs: ends(fs) == 1)
+            return h
+
+    h = asyncio.run(main())
+    deltas, chunks, (end,) = h.of(LLMTextDelta), h.of(TextToSpeak), h.of(LLMEnd)
+    assert len(deltas) >= 3 and not end.cancelled
+    assert end.text == "".join(d.text for d in deltas).strip() != ""
+    assert chunks and " ".join(c.text for c in chunks).split() == end.text.split()
+    assert not any(c.greeting for c in chunks)
+    assert isinstance(h.frames[-1], LLMEnd)
+    turn = h.trace.current
+    assert turn is not None and turn.reply == end.text
+    assert turn.events["llm_request"] <= turn.events["llm_first_token"]
+    assert [(e.role, e.content) for e in h.stage.history.entries] == [
+        ("user", "Hello! Who are you and what can you do?"),
+        ("assistant", end.text),
+    ]
+
+
+def test_greeting_is_pushed_once_at_start_and_remembered(llm: LocalLLM) -> None:
+    async def main() -> Harness:
+        async with Harness(llm, AgentConfig(greeting="Hi, this is Vox. How can I help?")) as h:
+            await h.until(lambda fs: len(fs) >= 1)
+            h.pipeline.push(UserTurnEnded("What is your name?"), DOWN)
+            await h.until(lambda fs: ends(fs) == 1)
+            return h
+
+    h = asyncio.run(main())
+    first = h.frames[0]
+    assert isinstance(first, TextToSpeak) and first.greeting
+    assert first.text == "Hi, this is Vox. How can I help?"
+    assert sum(isinstance(f, TextToSpeak) and f.greeting for f in h.frames) == 1
+    assert [m["role"] for m in h.stage.history.messages()] == [
+        "system",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+
+
+def test_interrupt_cancels_the_reply_and_keeps_only_what_was_said(llm: LocalLLM) -> None:
+    async def main() -> Harness:
+        async with Harness(llm) as h:
+            h.pipeline.push(UserTurnEnded("Tell me a long story about a dragon who sings."), DOWN)
+            await h.until(lambda fs: sum(isinstance(f, LLMTextDelta) for f in fs) >= 3)
+            h.pipeline.push(Interrupt(), DOWN)
+            await h.until(lambda fs: ends(fs) == 1)
+            await asyncio.sleep(0.2)
+            h.pipeline.push(UserTurnEnded("Thanks."), DOWN)
+            await h.until(lambda fs: ends(fs) == 2)
+            return h
+
+    h = asyncio.run(main())
+    cut = next(i for i, f in enumerate(h.frames) if isinstance(f, Interrupt))
+    end = next(f for f in h.frames if isinstance(f, LLMEnd))
+    assert end.cancelled
+    said = "".join(f.text for f in h.frames[:cut] if isinstance(f, LLMTextDelta)).strip()
+    assert end.text == said
+    between = h.frames[cut + 1 : h.frames.index(end)]
+    assert not any(isinstance(f, (LLMTextDelta, TextToSpeak)) for f in between)
+    story_reply = h.stage.history.entries[1]
+    assert story_reply.role == "assistant" and story_reply.truncated and story_reply.content == said
+    last_end = h.of(LLMEnd)[-1]
+    assert not last_end.cancelled and last_end.text  # the stage went on serving
+
+
+def test_a_failing_request_becomes_an_error_frame_and_the_stage_goes_on(llm: LocalLLM) -> None:
+    too_long = "word " * 2000  # far beyond the 512-token context
+
+    async def main() -> Harness:
+        async with Harness(llm) as h:
+            h.pipeline.push(UserTurnEnded(too_long), DOWN)
+            await h.until(lambda fs: any(isinstance(f, ErrorFrame) for f in fs))
+            h.pipeline.push(UserTurnEnded("Hello there."), DOWN)
+            await h.until(lambda fs: ends(fs) == 2)
+            return h
+
+    h = asyncio.run(main())
+    (error,) = h.of(ErrorFrame)
+    assert error.stage == "llm" and "context" in error.message.lower()
+    failed, answered = h.of(LLMEnd)
+    assert failed.cancelled and not answered.cancelled and answered.text
+    assert [e.content for e in h.stage.history.entries if e.role == "user"] == ["Hello there."]
