@@ -13,8 +13,9 @@ from stages.llm.sentences import SentenceAggregator
 
 
 class LLMStage(QueuedStage):
-    """Answers each :class:`UserTurnEnded` with :class:`LLMTextDelta` frames as tokens arrive,
-    :class:`TextToSpeak` chunks as they become speakable, then one :class:`LLMEnd`.
+    """Answers each :class:`UserTurnEnded` (forwarded first) with :class:`LLMTextDelta` frames
+    as tokens arrive, :class:`TextToSpeak` chunks as they become speakable, then one
+    :class:`LLMEnd`.
 
     On a barge-in the reply in flight is cancelled; the history keeps what was generated so
     far, marked truncated, and an ``LLMEnd(cancelled=True)`` follows. A configured greeting is
@@ -43,6 +44,7 @@ class LLMStage(QueuedStage):
 
     async def handle(self, frame: Frame) -> None:
         assert isinstance(frame, UserTurnEnded)
+        self.push(frame)  # the turn's text goes on ahead of its reply (captions, transports)
         text = frame.text.strip()
         if not text:
             return
@@ -63,6 +65,10 @@ class LLMStage(QueuedStage):
                     self.push(LLMTextDelta(token))
                     for chunk in chunks.feed(token):
                         self.push(TextToSpeak(chunk))
+                        if trace is not None:
+                            # Noted as it grows: the turn closes at its first audio out,
+                            # usually before the reply is complete.
+                            trace.note(reply="".join(parts).strip())
         except asyncio.CancelledError:
             # Barge-in: the history keeps only what was generated before it.
             partial = "".join(parts).strip()

@@ -85,7 +85,7 @@ def test_a_turn_streams_deltas_chunks_and_one_end(llm: LocalLLM) -> None:
     assert end.text == "".join(d.text for d in deltas).strip() != ""
     assert chunks and " ".join(c.text for c in chunks).split() == end.text.split()
     assert not any(c.greeting for c in chunks)
-    assert isinstance(h.frames[-1], LLMEnd)
+    assert isinstance(h.frames[0], UserTurnEnded) and isinstance(h.frames[-1], LLMEnd)
     turn = h.trace.current
     assert turn is not None and turn.reply == end.text
     assert turn.events["llm_request"] <= turn.events["llm_first_token"]
