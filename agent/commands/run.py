@@ -141,7 +141,7 @@ async def _run(args: argparse.Namespace, cfg: Config) -> int:
     if args.output:
         write_wav(args.output, rec.stereo())
     if args.json:
-        print(json.dumps({"type": "summary", **summary,
+        print(json.dumps({**summary, "type": "summary",
                           "fast_forwarded_s": round(rec.fast_forwarded_s, 2)}), flush=True)
     else:
         print(f"{summary['turns']} turns; budget violations: {summary['violations'] or 'none'}"

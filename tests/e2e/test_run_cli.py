@@ -125,15 +125,22 @@ def test_unknown_backend_is_a_clear_error():
 
 
 BLOCKER = '''
-import sys
+import importlib.util, sys
+NAMES = set(%r)
 class _Block:
-    """Makes the named packages look uninstalled, as on a machine without them."""
-    names = set(%r)
+    """Makes the named packages look uninstalled, as on a machine without them: imports fail
+    and importlib.util.find_spec answers None."""
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in self.names:
+        if name.split(".")[0] in NAMES:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 sys.meta_path.insert(0, _Block())
+_find_spec = importlib.util.find_spec
+def find_spec(name, package=None):
+    if name.split(".")[0] in NAMES:
+        return None
+    return _find_spec(name, package)
+importlib.util.find_spec = find_spec
 '''
 
 
