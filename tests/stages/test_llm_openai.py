@@ -91,7 +91,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
-def client(base_url: str, api_key: str = KEY, max_tokens: int = 24, model: str = "") -> OpenAILLM:
+def client(
+    base_url: str, api_key: str = KEY, max_tokens: int = 24, model: str = "", timeout_s: float = 30
+) -> OpenAILLM:
     cfg = LLMConfig(
         backend="openai",
         base_url=base_url,
@@ -99,6 +101,7 @@ def client(base_url: str, api_key: str = KEY, max_tokens: int = 24, model: str =
         model=model,
         max_tokens=max_tokens,
         temperature=0.0,
+        timeout_s=timeout_s,
     )
     return OpenAILLM(cfg)
 
@@ -164,11 +167,12 @@ def test_connection_refused_names_the_url() -> None:
 
 
 class Scripted(http.server.BaseHTTPRequestHandler):
-    """Answers every POST with the class's status and body, written in pieces."""
+    """Answers every POST with the class's status and body, written in pieces (a number in
+    ``pieces`` is a pause in seconds)."""
 
     status = 200
     content_type = "text/event-stream"
-    pieces: list[bytes] = []
+    pieces: list[bytes | float] = []
     requests: list[dict] = []
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
@@ -180,10 +184,16 @@ class Scripted(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", self.content_type)
         self.send_header("Connection", "close")
         self.end_headers()
-        for piece in self.pieces:
-            self.wfile.write(piece)
-            self.wfile.flush()
-            time.sleep(0.005)
+        try:
+            for piece in self.pieces:
+                if isinstance(piece, float):
+                    time.sleep(piece)
+                    continue
+                self.wfile.write(piece)
+                self.wfile.flush()
+                time.sleep(0.005)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up, as some tests intend
 
     def log_message(self, *args: object) -> None:
         pass
@@ -191,7 +201,7 @@ class Scripted(http.server.BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def scripted(
-    status: int, pieces: list[bytes], content_type: str = "text/event-stream"
+    status: int, pieces: list[bytes | float], content_type: str = "text/event-stream"
 ) -> Iterator[tuple[str, type[Scripted]]]:
     """A loopback HTTP server answering with ``pieces``; yields its /v1 URL and handler class."""
     handler = type(
@@ -200,6 +210,7 @@ def scripted(
         {"status": status, "pieces": pieces, "content_type": content_type, "requests": []},
     )
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.block_on_close = False  # a handler still pausing must not hold up the test
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -270,3 +281,22 @@ def test_the_request_carries_key_model_and_stream_flag() -> None:
     assert req["auth"] == f"Bearer {KEY}"
     assert req["body"]["model"] == "my-model" and req["body"]["stream"] is True
     assert req["body"]["messages"] == HELLO
+
+
+def test_a_server_that_stops_answering_times_out_with_a_clear_error() -> None:
+    seen: list[str] = []
+
+    async def consume(llm: OpenAILLM) -> None:
+        try:
+            async for t in llm.stream(HELLO):
+                seen.append(t)
+        finally:
+            await llm.aclose()
+
+    pieces: list[bytes | float] = [b"data: " + chunk("Hi") + b"\n\n", 3.0, b"data: [DONE]\n\n"]
+    with (
+        scripted(200, pieces) as (url, _),
+        pytest.raises(LLMConnectionError, match="did not answer within 0.5 s"),
+    ):
+        asyncio.run(consume(client(url, timeout_s=0.5)))
+    assert seen == ["Hi"]
