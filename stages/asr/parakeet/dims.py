@@ -118,6 +118,8 @@ def dims_from_config(cfg: Mapping[str, Any]) -> ParakeetDims:
     normalize = str(pre.get("normalize", "per_feature"))
     if normalize != "per_feature":
         raise CheckpointError(f"preprocessor.normalize={normalize!r} is not supported")
+    if str(pre.get("window", "hann")) != "hann" or pre.get("exact_pad"):
+        raise CheckpointError("only a centred Hann-window STFT (exact_pad false) is supported")
     if int(pre.get("frame_splicing", 1)) != 1:
         raise CheckpointError("preprocessor.frame_splicing != 1 is not supported")
     guard_type = str(pre.get("log_zero_guard_type", "add"))

@@ -197,3 +197,29 @@ def test_list_models_and_resolve_by_name(
     assert found[0]["size_bytes"] == nemo_files["v2"][0].stat().st_size
     assert resolve_model("tiny") == first / "tiny.nemo"
     assert resolve_model("tiny.nemo") == first / "tiny.nemo"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("encoder", "self_attention_model", "rel_pos_local_attn", "only 'rel_pos'"),
+        ("encoder", "subsampling", "striding", "only 'dw_striding'"),
+        ("encoder", "causal_downsampling", True, "cache-aware"),
+        ("preprocessor", "normalize", "all_features", "normalize"),
+        ("preprocessor", "exact_pad", True, "exact_pad"),
+    ],
+)
+def test_unsupported_shapes_are_refused_by_name(
+    section: str, key: str, value, message: str
+) -> None:
+    cfg, _ = random_model("v2", seed=3)
+    cfg[section][key] = value
+    with pytest.raises(CheckpointError, match=message):
+        dims_from_config(cfg)
+
+
+def test_no_durations_means_not_a_tdt_model() -> None:
+    cfg, _ = random_model("v2", seed=3)
+    del cfg["decoding"]["durations"]
+    with pytest.raises(CheckpointError, match="TDT"):
+        dims_from_config(cfg)
