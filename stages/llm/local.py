@@ -38,6 +38,9 @@ class LocalLLM:
     llama.cpp contexts are not thread-safe, so generations run one at a time on a single
     worker thread. Tokens cross to the event loop through an asyncio queue; a cancelled
     stream sets a flag the worker checks between tokens, so it stops within one token.
+
+    Measured on a quiet 2-core box (docs/embedded-models.md): 72 tok/s and 65–136 ms to the
+    first token with ``threads=1``; two threads are faster only when nothing else needs a core.
     """
 
     def __init__(self, cfg: LLMConfig) -> None:
