@@ -4,6 +4,11 @@ streaming a real 8 kHz recording as μ-law RTP, again and again for DURATION sec
 voice-to-voice p50/p95 per call, then one JSON line.
 
     python benchmarks/telephony_calls.py --calls 20 --duration 120
+    python benchmarks/telephony_calls.py --calls 20 --agent echo   # the transports' own cost
+
+``--agent echo`` replaces the model pipeline by one stage that speaks the caller's audio straight
+back: what is left is SIP, RTP, G.711, resampling, jitter buffer and pacing, so the numbers show
+what telephony itself costs and whether it keeps 20 ms pacing under load.
 """
 
 from __future__ import annotations
@@ -40,6 +45,24 @@ def free_udp_port() -> int:
         return s.getsockname()[1]
 
 
+def echo_session_factory():  # noqa: ANN201 - only for --agent echo
+    from agent.frames import AudioIn, Direction, TTSAudio
+    from agent.pipeline import Pipeline
+    from agent.session import Session
+    from agent.stage import Stage
+
+    class SpeakBack(Stage):
+        name = "speak_back"
+
+        def process(self, frame, direction) -> None:  # noqa: ANN001
+            if isinstance(frame, AudioIn):
+                self.push(TTSAudio(frame.pcm), Direction.DOWNSTREAM)
+            else:
+                self.push(frame, direction)
+
+    return lambda: Session(Pipeline([SpeakBack()]))
+
+
 def pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
@@ -61,23 +84,32 @@ async def run(args: argparse.Namespace) -> dict:
 
     cfg = Config()
     t0 = time.monotonic()
-    models = load_models(cfg)
+    if args.agent == "echo":
+        factory = echo_session_factory()
+    else:
+        factory = session_factory(cfg, load_models(cfg))
     load_s = time.monotonic() - t0
     reports: list[CallReport] = []
-    server = SipServer(session_factory(cfg, models), port=free_udp_port(),
+    server = SipServer(factory, port=free_udp_port(),
                        rtp_ports=(46000, 47998), max_calls=args.calls + 5,
                        on_end=reports.append)
     host, port = await server.start()
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         sipp, f"{host}:{port}", "-i", "127.0.0.1", "-p", str(free_udp_port()),
-        "-mi", "127.0.0.1", "-min_rtp_port", "50000", "-max_rtp_port", "59998",
+        # sipp 3.6 offers the one -mp port for every call's media; -rtp_echo bounces each call's
+        # agent RTP back to the call's own socket, which measures the return path too
+        "-mi", "127.0.0.1", "-mp", str(free_udp_port()), "-rtp_echo",
         "-sf", str(tmp / "caller.xml"), "-s", "agent", "-m", str(total), "-l", str(args.calls),
         "-r", str(args.calls), "-rp", "1000", "-nostdin", "-timeout", f"{args.duration + 60}s",
         "-trace_err", cwd=tmp, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
+    cpu0 = time.process_time()
     out, _ = await proc.communicate()
     wall = time.monotonic() - t0
+    cpu = time.process_time() - cpu0
+    if proc.returncode not in (0, 1):  # 1: some calls failed; anything else: sipp itself did
+        sys.exit(f"sipp exited with {proc.returncode}:\n{out.decode(errors='replace')[-2000:]}")
     for _ in range(100):
         if not server.calls:
             break
@@ -98,12 +130,14 @@ async def run(args: argparse.Namespace) -> dict:
             "lost": r.jitter["lost"], "late": r.jitter["late"],
             "reordered": r.jitter["reordered"], "malformed": r.media.malformed,
             "agent_packets": r.media.agent_packets_out, "pacing_late_ticks": r.media.late_ticks,
+            "rtp_out": r.media.packets_out, "echoed": r.media.echoed_in,
             "voice_to_voice_ms": v2v,
         })
     rtp_in = sum(c["rtp_in"] for c in per_call)
     return {
-        "benchmark": "telephony_calls", "concurrent": args.calls, "duration_s": args.duration,
+        "benchmark": "telephony_calls", "agent": args.agent, "concurrent": args.calls, "duration_s": args.duration,
         "talk_ms": args.talk_ms, "models_load_s": round(load_s, 1), "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
         "sipp_rc": proc.returncode, "calls_placed": total,
         "sipp_successful": int(ok[-1]) if ok else None,
         "sipp_failed": int(failed[-1]) if failed else None,
@@ -112,6 +146,8 @@ async def run(args: argparse.Namespace) -> dict:
         "rtp_late": sum(c["late"] for c in per_call),
         "rtp_malformed": sum(c["malformed"] for c in per_call),
         "pacing_late_ticks": sum(c["pacing_late_ticks"] for c in per_call),
+        "rtp_packets_out": sum(c["rtp_out"] for c in per_call),
+        "rtp_echoed_back": sum(c["echoed"] for c in per_call),
         "calls_with_reply": sum(bool(c["voice_to_voice_ms"]) for c in per_call),
         "voice_to_voice_p50_ms": pct(v2v_all, 50), "voice_to_voice_p95_ms": pct(v2v_all, 95),
         "per_call": per_call,
@@ -124,6 +160,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of calling")
     ap.add_argument("--talk-ms", type=int, default=12000,
                     help="how long each call stays up after the recording starts")
+    ap.add_argument("--agent", choices=["pipeline", "echo"], default="pipeline",
+                    help="the embedded model pipeline, or an echo that isolates telephony's cost")
     args = ap.parse_args()
     res = asyncio.run(run(args))
     rows = [
@@ -135,9 +173,11 @@ def main() -> None:
         ("RTP lost / late / malformed",
          f"{res['rtp_lost']} / {res['rtp_late']} / {res['rtp_malformed']}"),
         ("outbound pacing ticks > 20 ms late", res["pacing_late_ticks"]),
+        ("RTP out / echoed back by sipp", f"{res['rtp_packets_out']} / {res['rtp_echoed_back']}"),
         ("voice-to-voice p50 / p95 ms",
          f"{res['voice_to_voice_p50_ms']} / {res['voice_to_voice_p95_ms']}"),
         ("wall s", res["wall_s"]),
+        ("process CPU s (user+sys)", res["cpu_s"]),
     ]
     for name, value in rows:
         print(f"{name:<38} {value}")

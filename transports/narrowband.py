@@ -54,6 +54,8 @@ class NarrowbandEncoder:
 
     def __init__(self, codec: G711Codec) -> None:
         self.codec = codec
+        self._fifo: np.ndarray = np.zeros(0, np.int16)
+        self._primed_only = True
         self.reset()
 
     def encode(self, pcm16k: np.ndarray) -> list[bytes]:

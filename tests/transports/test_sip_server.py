@@ -112,6 +112,8 @@ async def _call() -> None:
         assert [d.digit for d in dtmf] == ["7"]
         call = next(iter(server.calls.values()))
         assert call.media.stats.malformed == 3 and call.media.stats.dtmf == "7"
+        # the caller went quiet on the wire: the session keeps hearing (filled) silence
+        assert call.media.stats.silence_filled > 5
 
         sip.sendto(request("BYE", cseq=2, to_tag=tag), (host, port))
         (bye_ok,) = await recv_sip(loop, sip, 1)
@@ -125,4 +127,37 @@ async def _call() -> None:
     finally:
         sip.close()
         rtp.close()
+        await server.stop()
+
+
+def test_concurrent_calls_each_get_a_session() -> None:
+    asyncio.run(_concurrent(5))
+
+
+async def _concurrent(n: int) -> None:
+    loop = asyncio.get_running_loop()
+    sessions: list[Session] = []
+    server = SipServer(lambda: Session(Pipeline([SpeakBack([])])), port=0,
+                       rtp_ports=(42200, 42300), on_call=lambda call: sessions.append(call.session))
+    host, port = await server.start()
+    sip = udp()
+    try:
+        for i in range(n):
+            sip.sendto(request("INVITE", call_id=f"call-{i}", body=SDP_OFFER), (host, port))
+        answers = [m for m in await recv_sip(loop, sip, 3 * n) if m.status == 200]
+        assert sorted(m.call_id for m in answers) == [f"call-{i}" for i in range(n)]
+        ports = {m.body.decode().split("m=audio ")[1].split()[0] for m in answers}
+        assert len(ports) == n and len(server.calls) == n
+        for m in answers:
+            tag = m.header("To").split("tag=")[1]
+            sip.sendto(request("ACK", call_id=m.call_id, to_tag=tag), (host, port))
+            sip.sendto(request("BYE", call_id=m.call_id, cseq=2, to_tag=tag), (host, port))
+        assert [m.status for m in await recv_sip(loop, sip, n)] == [200] * n
+        for _ in range(100):
+            if len(server.reports) == n:
+                break
+            await asyncio.sleep(0.02)
+        assert server.calls == {} and all(s.closed for s in sessions) and len(sessions) == n
+    finally:
+        sip.close()
         await server.stop()

@@ -7,7 +7,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,8 +144,8 @@ class SipServer(asyncio.DatagramProtocol):
             elif isinstance(ev, CallEnded):
                 self._spawn(self._end(ev.call_id, ev.reason))
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

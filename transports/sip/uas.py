@@ -71,7 +71,7 @@ class UserAgentServer:
         self.max_calls = max_calls
         self.user_agent = user_agent
         self.dialogs: dict[str, Dialog] = {}
-        self.rejected: dict[str, int] = {}  # status code -> count
+        self.rejected: dict[int, int] = {}  # status code -> count
         self.malformed = 0
 
     # --- helpers -----------------------------------------------------------------------------

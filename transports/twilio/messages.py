@@ -238,9 +238,10 @@ def parse_message(text: str | bytes) -> InboundMessage:
         return MarkEcho(_str(data, "streamSid", ""), _str(_obj(data, "mark"), "name"),
                         _int(data, "sequenceNumber"))
     if event == "stop":
-        s = data.get("stop") if isinstance(data.get("stop"), dict) else {}
-        return Stop(_str(data, "streamSid", ""), _str(s, "callSid", ""),
-                    _str(s, "accountSid", ""), _int(data, "sequenceNumber"))
+        raw_stop = data.get("stop")
+        stop: dict[str, Any] = raw_stop if isinstance(raw_stop, dict) else {}
+        return Stop(_str(data, "streamSid", ""), _str(stop, "callSid", ""),
+                    _str(stop, "accountSid", ""), _int(data, "sequenceNumber"))
     raise TwilioMessageError(f"unknown event {event!r}")
 
 
