@@ -109,6 +109,11 @@ class SipServer(asyncio.DatagramProtocol):
         if self._transport is not None:
             self._transport.close()
 
+    async def hangup(self, call_id: str) -> None:
+        """The agent ends a call: BYE to the caller, then the session is closed."""
+        self._send(self.uas.hangup(call_id))
+        await self._end(call_id, "hangup")
+
     async def _timers(self) -> None:
         while True:
             await asyncio.sleep(0.1)
