@@ -73,6 +73,10 @@ def test_options_and_unknown_methods() -> None:
     ok = uas.receive(request("OPTIONS"), PEER, 0.0)
     assert statuses(ok) == [200] and "INVITE" in parse_sip(ok[0].data).header("Allow")
     assert statuses(uas.receive(request("REGISTER"), PEER, 0.0)) == [501]
+    needs_100rel = request("INVITE", body=SDP_OFFER).replace(
+        b"Max-Forwards: 70", b"Max-Forwards: 70\r\nRequire: 100rel")
+    refused = uas.receive(needs_100rel, PEER, 0.0)
+    assert statuses(refused) == [420] and parse_sip(refused[0].data).header("Unsupported") == "100rel"
     assert uas.receive(b"\r\n\r\n", PEER, 0.0) == []  # keep-alive
 
 

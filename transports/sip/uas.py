@@ -94,6 +94,12 @@ class UserAgentServer:
             return self._bad(data, err, addr)
         if not msg.is_request:
             return []  # responses to our BYE; nothing to do
+        required = msg.header("Require")
+        if required and msg.method not in ("ACK", "CANCEL"):
+            # we implement no SIP extension (100rel, timer, ...): RFC 3261 §8.2.2.3
+            resp = self._reply(msg, 420, "Bad Extension", extra=[("Unsupported", required)])
+            self.rejected[420] = self.rejected.get(420, 0) + 1
+            return [Outgoing(resp.to_bytes(), addr)]
         handler = {
             "INVITE": self._invite, "ACK": self._ack, "BYE": self._bye,
             "CANCEL": self._cancel, "OPTIONS": self._options,

@@ -71,6 +71,10 @@ async def handle_media_stream(
                     return None
     except (TimeoutError, ConnectionError, _closed_errors()):
         return None
+    if start.encoding != "audio/x-mulaw" or start.sample_rate != 8000 or start.channels != 1:
+        log.warning("stream %s: unsupported media format %s/%d/%d (only audio/x-mulaw/8000/1)",
+                    start.stream_sid, start.encoding, start.sample_rate, start.channels)
+        return None
     made = session_factory(start)
     session = await made if inspect.isawaitable(made) else made
     call = TwilioCall(session, start, heard_from_marks)
