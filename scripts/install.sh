@@ -20,9 +20,9 @@ if [ "$with_test" = 1 ]; then
   fi
   # torch: the CPU build, pinned (a bare "torch" would pull a multi-GB CUDA build)
   "$PY" -m pip install -q torch==2.13.0
-  extras="embedded,web,report,fast,parakeet,test"
+  extras="embedded,web,telephony,report,fast,parakeet,test"
 else
-  extras="embedded,web,fast"
+  extras="embedded,web,telephony,fast"
 fi
 # llama-cpp-python has no wheel on PyPI: it compiles (about 7 min on 2 cores). Its default
 # -march=native build switches on every instruction set the CPU reports, AMX included, and some

@@ -28,6 +28,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="calls served at once; more are refused (default 16)")
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
                    help="a STUN/TURN server for WebRTC (repeatable; default: none)")
+    p.add_argument("--twilio", action="store_true",
+                   help="also take Twilio Media Streams calls on this port "
+                        "(TwiML at /twilio/twiml, media at /twilio/media)")
+    p.add_argument("--public-url", default="", metavar="URL",
+                   help="the public https:// URL Twilio reaches this server at (for the TwiML)")
     add_config_flags(p)
     p.set_defaults(func=main)
 
@@ -56,10 +61,17 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
 
     server = VoiceServer(new_session, host=args.host, port=args.port, token=args.token,
                          max_calls=args.max_calls, ice_servers=args.ice_server)
+    if args.twilio:
+        from transports.twilio.mount import add_twilio_routes
+
+        add_twilio_routes(server.app, lambda start: new_session(), public_url=args.public_url)
     await server.start()
     print(f"models ready in {time.monotonic() - t_load:.1f} s (asr {cfg.asr.backend}, "
           f"llm {cfg.llm.backend}, tts {cfg.tts.backend})", flush=True)
     print(f"open {server.url} and press Call (Ctrl-C stops)", flush=True)
+    if args.twilio:
+        print(f"Twilio: point your number's voice webhook at "
+              f"{args.public_url or server.url.split('?')[0].rstrip('/')}/twilio/twiml", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
