@@ -70,7 +70,9 @@ class LLMConfig:
     temperature: float = 0.3
     history_turns: int = 6
     timeout_s: float = 30.0
-    threads: int = 1
+    threads: int = 1  # generation threads (one leaves a core to the TTS and ASR)
+    batch_threads: int = 2  # prompt-evaluation threads: the time to the first token
+    burst_tokens: int = 10  # the reply's first tokens are generated with batch_threads too
     context: int = 1024
 
     def resolved_api_key(self) -> str:
@@ -91,6 +93,8 @@ class TTSConfig:
 class AgentConfig:
     greeting: str = ""  # spoken when the call starts; empty: none
     min_first_chunk_words: int = 3  # the first TTS chunk of a reply may end at a clause
+    max_first_chunk_words: int = 6  # ... and ends after this many words at the latest (0: off)
+    first_audio_wait_ms: int = 600  # the LLM pauses after its first chunk until that audio is out
 
 
 @dataclass(slots=True)
@@ -101,6 +105,7 @@ class TraceConfig:
             "vad_eos": 400.0,
             "asr_final": 300.0,
             "llm_first_token": 250.0,
+            "llm_first_chunk": 200.0,
             "tts_first_audio": 150.0,
             "transport_send": 40.0,
             "voice_to_voice": 800.0,

@@ -22,6 +22,7 @@ SPANS: dict[str, tuple[str, str]] = {
     "vad_eos": ("speech_end", "vad_decision"),
     "asr_final": ("vad_decision", "asr_final"),
     "llm_first_token": ("llm_request", "llm_first_token"),
+    "llm_first_chunk": ("llm_first_token", "tts_request"),
     "tts_first_audio": ("tts_request", "tts_first_audio"),
     "transport_send": ("tts_first_audio", "audio_out"),
     "voice_to_voice": ("speech_end", "audio_out"),
@@ -31,8 +32,8 @@ GREETING_SPANS: dict[str, tuple[str, str]] = {
     "transport_send": ("tts_first_audio", "audio_out"),
     "greeting": ("call_start", "audio_out"),
 }
-SPAN_ORDER = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",
-              "voice_to_voice", "greeting", "partial_lag"]
+SPAN_ORDER = ["vad_eos", "asr_final", "llm_first_token", "llm_first_chunk", "tts_first_audio",
+              "transport_send", "voice_to_voice", "greeting", "partial_lag"]
 
 
 @dataclass(slots=True)

@@ -6,11 +6,17 @@ holds enough words, so the caller hears the agent sooner; later chunks end at se
 
 from __future__ import annotations
 
+import re
+
 _TERMINATORS = ".!?…"
 _CLOSERS = "\"')]}”’»"
 _OPENERS = "\"'([{“‘«"
 _CLAUSE_MARKS = ",;:"
 _DASHES = "—–"
+# Words a long first chunk is best cut before ("I think | that we should ...").
+_CONJUNCTIONS = frozenset(
+    {"and", "but", "or", "so", "because", "that", "which", "when", "while", "if", "then", "to"}
+)
 # Words whose trailing period does not end a sentence ("Mr. Smith", "e.g. this").
 _ABBREVIATIONS = frozenset(
     {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "e.g", "i.e", "approx", "dept"}
@@ -26,8 +32,9 @@ class SentenceAggregator:
     is left at the end of the reply and readies the aggregator for the next one.
     """
 
-    def __init__(self, min_first_chunk_words: int = 3) -> None:
+    def __init__(self, min_first_chunk_words: int = 3, max_first_chunk_words: int = 0) -> None:
         self.min_first_chunk_words = min_first_chunk_words
+        self.max_first_chunk_words = max_first_chunk_words
         self._buf = ""
         self._first = True
 
@@ -51,7 +58,10 @@ class SentenceAggregator:
     def _find_cut(self) -> int | None:
         buf = self._buf
         n = len(buf)
+        word_cut = self._word_cut(buf) if self._first and self.max_first_chunk_words else None
         for i, ch in enumerate(buf):
+            if word_cut is not None and i >= word_cut:
+                return word_cut  # the first chunk's word limit comes before any boundary
             if ch == "\n":
                 return i + 1
             if ch in _TERMINATORS:
@@ -70,7 +80,20 @@ class SentenceAggregator:
                     return None
                 if (ch in _DASHES or buf[i + 1].isspace()) and self._enough_words(buf[:i]):
                     return i + 1
-        return None
+        return word_cut
+
+    def _word_cut(self, buf: str) -> int | None:
+        """The first chunk has no boundary yet but ``max_first_chunk_words`` complete words:
+        cut before a conjunction if one follows the minimum, else after the last of them.
+        Time to first audio grows with the first chunk's length (the TTS synthesizes a chunk at
+        a time), so a long first sentence is not waited for."""
+        words = [m for m in re.finditer(r"\S+", buf) if m.end() < len(buf)]  # complete words
+        if len(words) < self.max_first_chunk_words:
+            return None
+        for w in words[self.min_first_chunk_words : self.max_first_chunk_words]:
+            if w.group().lower() in _CONJUNCTIONS:
+                return w.start()
+        return words[self.max_first_chunk_words - 1].end()
 
     @staticmethod
     def _is_clause_mark(buf: str, i: int) -> bool:

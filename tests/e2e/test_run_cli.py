@@ -18,7 +18,7 @@ from transports.audio_file import read_wav, write_wav
 DATA = Path(__file__).resolve().parents[1] / "data"
 CLIP = DATA / "ls-dev-clean-1988-24833-0000.wav"
 CLIP_TEXT = "THE TWO STRAY KITTENS GRADUALLY MAKE THEMSELVES AT HOME"
-SPANS = {"vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",
+SPANS = {"vad_eos", "asr_final", "llm_first_token", "llm_first_chunk", "tts_first_audio", "transport_send",
          "voice_to_voice"}
 
 pytestmark = pytest.mark.slow

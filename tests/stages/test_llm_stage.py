@@ -159,3 +159,25 @@ def test_a_failing_request_becomes_an_error_frame_and_the_stage_goes_on(llm: Loc
     failed, answered = h.of(LLMEnd)
     assert failed.cancelled and not answered.cancelled and answered.text
     assert [e.content for e in h.stage.history.entries if e.role == "user"] == ["Hello there."]
+
+
+def test_generation_pauses_after_the_first_chunk_until_its_audio_is_out(llm: LocalLLM) -> None:
+    from agent.frames import BotStartedSpeaking
+
+    agent = AgentConfig(min_first_chunk_words=2, max_first_chunk_words=3, first_audio_wait_ms=5000)
+
+    async def main() -> tuple[int, int, int]:
+        async with Harness(llm, agent) as h:
+            h.pipeline.push(UserTurnEnded("Tell me about the weather in spring, please."), DOWN)
+            await h.until(lambda fs: any(isinstance(f, TextToSpeak) for f in fs))
+            at_first_chunk = sum(isinstance(f, LLMTextDelta) for f in h.frames)
+            await asyncio.sleep(0.6)  # no audio out yet: the reply must not go on
+            while_waiting = sum(isinstance(f, LLMTextDelta) for f in h.frames)
+            h.pipeline.inject_upstream(BotStartedSpeaking())
+            await h.until(lambda fs: any(isinstance(f, LLMEnd) for f in fs))
+            total = sum(isinstance(f, LLMTextDelta) for f in h.frames)
+            return at_first_chunk, while_waiting, total
+
+    at_first_chunk, while_waiting, total = asyncio.run(main())
+    assert while_waiting == at_first_chunk  # paused, not a single delta more
+    assert total > while_waiting  # and resumed once the first audio was out

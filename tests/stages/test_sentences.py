@@ -108,3 +108,28 @@ def test_multi_character_deltas() -> None:
         "I'm fine, thanks.",
         "Bye",
     ]
+
+
+def test_a_long_first_sentence_is_cut_after_the_word_limit():
+    from stages.llm.sentences import SentenceAggregator
+
+    agg = SentenceAggregator(min_first_chunk_words=3, max_first_chunk_words=6)
+    out = []
+    for tok in "Kittens settle in quickly when they feel safe and loved. Then they sleep a lot. ".split(" "):
+        out += agg.feed(tok + " ")
+    rest = agg.flush()
+    # cut before "when" (a conjunction after three words), then sentences only
+    assert out[0] == "Kittens settle in quickly"
+    assert out[1] == "when they feel safe and loved."
+    assert out[2] == "Then they sleep a lot." or rest == "Then they sleep a lot."
+
+
+def test_word_limit_without_a_conjunction_and_only_for_the_first_chunk():
+    from stages.llm.sentences import SentenceAggregator
+
+    agg = SentenceAggregator(min_first_chunk_words=3, max_first_chunk_words=4)
+    out = agg.feed("One two three four five six seven eight nine ten. ")
+    out += agg.feed("Alpha beta gamma delta epsilon zeta eta theta. ")
+    assert out[0] == "One two three four"
+    assert out[1] == "five six seven eight nine ten."
+    assert out[2].startswith("Alpha beta gamma delta epsilon")  # later chunks wait for sentences
