@@ -95,6 +95,7 @@ class AgentConfig:
     min_first_chunk_words: int = 3  # the first TTS chunk of a reply may end at a clause
     max_first_chunk_words: int = 6  # ... and ends after this many words at the latest (0: off)
     first_audio_wait_ms: int = 600  # the LLM pauses after its first chunk until that audio is out
+    prefill: bool = True  # a local LLM evaluates the likely prompt while the end of speech is confirmed
 
 
 @dataclass(slots=True)

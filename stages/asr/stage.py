@@ -284,7 +284,7 @@ class StreamingASR(Stage):
 
     def _queue_speculative(self, u: _Utterance, end: int) -> None:
         u.spec_wanted = 0
-        self._queue.append(_Job(_Kind.SPECULATIVE, u, u.start, end, self._epoch))
+        self._queue.append(_Job(_Kind.SPECULATIVE, u, u.start, end, self._epoch, self._last_t_ns))
 
     def _drop_speculative(self, u: _Utterance) -> None:
         if any(j.utt is u and j.kind is _Kind.SPECULATIVE for j in self._queue):
@@ -365,6 +365,17 @@ class StreamingASR(Stage):
         elif job.kind is _Kind.SPECULATIVE:
             if text is not None and job.start == u.start:
                 u.spec_start, u.spec_end, u.spec_text = job.start, job.end, text
+                if u.stop is None and u is self._utt:
+                    # The utterance up to the pause, while the VAD still waits to confirm the
+                    # end: a partial like any other, and the LLM's cue to prefill its prompt.
+                    shown, stable = self._agreement.update(text)
+                    u.committed = self._agreement.committed_text
+                    self.partials += 1
+                    start = u.start if u.segmented else u.started_at
+                    self.push(Transcript(shown, final=False, start=start, end=job.end,
+                                         stable=stable))
+                    if self.ctx.trace is not None and job.t_ns:
+                        self.ctx.trace.partial_lag((time.monotonic_ns() - job.t_ns) / 1e6)
             covers = job.start == u.start and job.end >= u.target
             if u.stop is not None and not u.finalised and covers:  # the final waited for this
                 if text is not None:

@@ -78,6 +78,15 @@ class LocalLLM:
         messages.append({"role": "user", "content": "Hi"})
         self._generate(messages, 1, lambda _: None, threading.Event())
 
+    def prefill(self, messages: list[dict[str, str]]) -> asyncio.Future[None]:
+        """Evaluate the prompt for ``messages`` now, on the worker, so that a request starting
+        with the same messages later finds them in llama.cpp's cache and only pays for its first
+        token. Harmless when the request turns out different: the common prefix still counts."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(
+            self._worker, self._generate, messages, 1, lambda _: None, threading.Event()
+        )
+
     async def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()

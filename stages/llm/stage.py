@@ -13,10 +13,13 @@ from agent.frames import (
     Frame,
     LLMEnd,
     LLMTextDelta,
+    SpeechPaused,
+    SpeechStarted,
     TextToSpeak,
+    Transcript,
     UserTurnEnded,
 )
-from agent.stage import UP, QueuedStage, StageContext
+from agent.stage import DOWN, UP, QueuedStage, StageContext
 from stages.llm.chat import ChatHistory, ChatLLM
 from stages.llm.sentences import SentenceAggregator
 
@@ -42,15 +45,45 @@ class LLMStage(QueuedStage):
         self._greeted = False
         self._speaking = False
         self._spoke = asyncio.Event()
+        self._paused = False  # the caller paused; the VAD has not yet confirmed the end
+        self._heard = ""  # the latest partial transcript of the caller's utterance
+        self._prefilling: asyncio.Future[None] | None = None
+        self.prefills = 0
 
     def process(self, frame: Frame, direction: Direction) -> None:
-        if direction is UP:
+        if direction is DOWN:
+            if isinstance(frame, SpeechPaused):
+                self._paused = True
+                self._prefill(self._heard)  # most of the utterance: most of the prompt
+            elif isinstance(frame, SpeechStarted | UserTurnEnded):
+                self._paused = False
+                self._heard = ""
+            elif isinstance(frame, Transcript) and not frame.final:
+                self._heard = frame.text
+                if self._paused:
+                    self._prefill(frame.text)
+        elif direction is UP:
             if isinstance(frame, BotStartedSpeaking):
                 self._speaking = True
                 self._spoke.set()
             elif isinstance(frame, BotStoppedSpeaking):
                 self._speaking = False
         super().process(frame, direction)
+
+    def _prefill(self, text: str) -> None:
+        """The caller has paused and the ASR has the utterance: while the VAD waits out the
+        rest of the silence, have a local LLM evaluate the prompt this turn will most likely
+        send, so the real request pays only for its first token."""
+        prefill = getattr(self.llm, "prefill", None)
+        text = text.strip()
+        if prefill is None or not text or not self.agent.prefill or self.busy:
+            return
+        if self._prefilling is not None and not self._prefilling.done():
+            return
+        messages = self.history.messages() + [{"role": "user", "content": text}]
+        self.prefills += 1
+        self._prefilling = prefill(messages)
+        self._prefilling.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _yield_to_first_audio(self) -> None:
         """After the reply's first chunk, let the TTS have the CPU until its audio is out (or

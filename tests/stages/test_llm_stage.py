@@ -15,6 +15,7 @@ from agent.frames import (
     LLMEnd,
     LLMTextDelta,
     TextToSpeak,
+    Transcript,
     UserTurnEnded,
 )
 from agent.pipeline import Pipeline
@@ -181,3 +182,28 @@ def test_generation_pauses_after_the_first_chunk_until_its_audio_is_out(llm: Loc
     at_first_chunk, while_waiting, total = asyncio.run(main())
     assert while_waiting == at_first_chunk  # paused, not a single delta more
     assert total > while_waiting  # and resumed once the first audio was out
+
+
+def test_prefill_on_a_pause_does_not_change_the_reply(llm: LocalLLM) -> None:
+    from agent.frames import SpeechPaused, SpeechStarted
+
+    question = "What is the capital of France?"
+
+    async def reply(prefill: bool) -> tuple[str, int]:
+        agent = AgentConfig(prefill=prefill, first_audio_wait_ms=0)
+        async with Harness(llm, agent) as h:
+            push = h.pipeline.push
+            push(SpeechStarted(at=0), DOWN)
+            push(Transcript("What is the capital of", final=False), DOWN)
+            push(SpeechPaused(at=16000), DOWN)  # prefill with what was heard so far
+            push(Transcript(question, final=False), DOWN)
+            await asyncio.sleep(0.3)
+            push(UserTurnEnded(question), DOWN)
+            await h.until(lambda fs: any(isinstance(f, LLMEnd) for f in fs))
+            end = next(f for f in h.frames if isinstance(f, LLMEnd))
+            return end.text, h.stage.prefills
+
+    with_prefill, n = asyncio.run(reply(True))
+    without, m = asyncio.run(reply(False))
+    assert n >= 1 and m == 0
+    assert with_prefill and with_prefill == without  # temperature 0: the same words
