@@ -335,6 +335,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=40, help="streams per active connection")
     p.add_argument("--handoffs", type=int, default=5, help="repetitions of each 10-min hand-off")
     p.add_argument("--blocks", type=int, default=4, help="alternating in-process/socket blocks")
+    p.add_argument("--json-out", help="write the JSON result here too")
     p.add_argument("--serve", metavar="SOCKET", help=argparse.SUPPRESS)
     p.add_argument("--slots", type=int, default=64, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -345,6 +346,8 @@ def main() -> int:
     r = run(bench(args))
     print(table(r))
     print(json.dumps({"benchmark": "asr_server_io", **r}))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"benchmark": "asr_server_io", **r}, indent=2))
     ok = r["threads_constant"] and r["dropped_idle"] == 0 and r["idle_answered"] == r["idle"]
     return 0 if ok else 1
 
