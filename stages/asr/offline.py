@@ -45,7 +45,7 @@ class FileResult:
 
 def speech_regions(
     probs: np.ndarray, threshold: float = 0.5, neg_threshold: float = 0.35,
-    min_silence_windows: int = 8, pad_windows: int = 3,
+    min_silence_windows: int = 8, pad_windows: int = 10,
 ) -> list[tuple[int, int]]:
     """Speech regions as (start, end) sample indices from per-window speech probabilities,
     with hysteresis; pauses shorter than ``min_silence_windows`` do not split a region."""
