@@ -70,10 +70,10 @@ class Trace:
         self._turn: Turn | None = None
         self._n = 0
         # the latest finished turns (a long call must not grow memory); counts cover all of them
-        self.turns: deque[dict[str, Any]] = deque(maxlen=256)
+        self.turns: deque[dict[str, Any]] = deque(maxlen=32)
         self.complete_turns = 0
         self.violations: dict[str, int] = {}
-        self.partial_lags_ms: list[float] = []
+        self.partial_lags_ms: deque[float] = deque(maxlen=4096)  # the latest, for the summary
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     # --- recording ---------------------------------------------------------------------------
