@@ -78,6 +78,15 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     return Models(vad=vad, asr=asr, llm=llm, tts=tts)
 
 
+def new_session(cfg: Config, models: Models) -> Any:
+    """One call: a fresh pipeline over the shared models, its trace and the greeting."""
+    from agent.session import Session
+    from agent.trace import Trace
+
+    trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
+    return Session(build_pipeline(cfg, models), trace, greeting=cfg.agent.greeting)
+
+
 def build_pipeline(cfg: Config, models: Models) -> Pipeline:
     """VAD → streaming ASR → turn detection → LLM → TTS, one per call."""
     stages = [

@@ -90,13 +90,11 @@ async def play_call(
 ) -> tuple[Any, dict[str, Any], bool]:
     """One call from a recording through a fresh session: (recording, summary, speech heard)."""
     from agent.events import frame_event, trace_event
-    from agent.presets import build_pipeline
-    from agent.session import Session
-    from agent.trace import Trace
+    from agent.presets import new_session
     from transports.file import FileCall
 
-    trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
-    session = Session(build_pipeline(cfg, models), trace, greeting=cfg.agent.greeting)
+    session = new_session(cfg, models)
+    trace = session.trace
     heard = False
 
     def on_frame(frame: Any) -> None:

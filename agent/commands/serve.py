@@ -45,10 +45,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, cfg: Config) -> int:
-    from agent.presets import build_pipeline, load_models
+    from agent import presets
+    from agent.presets import load_models
     from agent.runtime import freeze_after_warmup
     from agent.session import Session
-    from agent.trace import Trace
     from transports.server import VoiceServer
 
     t_load = time.monotonic()
@@ -56,8 +56,7 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     freeze_after_warmup(cfg.runtime)
 
     def new_session() -> Session:
-        trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
-        return Session(build_pipeline(cfg, models), trace, greeting=cfg.agent.greeting)
+        return presets.new_session(cfg, models)
 
     server = VoiceServer(new_session, host=args.host, port=args.port, token=args.token,
                          max_calls=args.max_calls, ice_servers=args.ice_server)

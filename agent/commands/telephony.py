@@ -91,13 +91,12 @@ def session_factory(cfg: Config, models: Any, printer: CallPrinter | None = None
     """One fresh pipeline and session per call, sharing the loaded models."""
     from agent.events import frame_event, trace_event
     from agent.frames import Dtmf
-    from agent.presets import build_pipeline
+    from agent.presets import new_session
     from agent.session import Session
-    from agent.trace import Trace
 
     def make(*_: Any) -> Session:
-        trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
-        session = Session(build_pipeline(cfg, models), trace, greeting=cfg.agent.greeting)
+        session = new_session(cfg, models)
+        trace = session.trace
         if printer is not None:
             def on_frame(frame: Any) -> None:
                 if isinstance(frame, Dtmf):
@@ -123,13 +122,17 @@ def _load(cfg: Config) -> Any:
     return models
 
 
-def main_sip(args: argparse.Namespace) -> int:
+def _launch(serve: Any, args: argparse.Namespace) -> int:
     from agent import runtime
 
     cfg = config_from_args(args)
     if args.trace:
         cfg.trace.path = args.trace
-    return runtime.run(_serve_sip(args, cfg), cfg.runtime)
+    return runtime.run(serve(args, cfg), cfg.runtime)
+
+
+def main_sip(args: argparse.Namespace) -> int:
+    return _launch(_serve_sip, args)
 
 
 async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
@@ -159,12 +162,7 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def main_twilio(args: argparse.Namespace) -> int:
-    from agent import runtime
-
-    cfg = config_from_args(args)
-    if args.trace:
-        cfg.trace.path = args.trace
-    return runtime.run(_serve_twilio(args, cfg), cfg.runtime)
+    return _launch(_serve_twilio, args)
 
 
 async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
