@@ -46,14 +46,15 @@ def main() -> int:
     res: dict = {"benchmark": "offline_transcribe", "clips": len(audios), "audio_s": round(total, 1),
                  "batch_size": args.batch_size, "threads": args.threads}
 
-    cfg = ASRConfig(threads=args.threads)
+    cfg = ASRConfig(threads=args.threads, workers=args.threads)  # as `voxline transcribe`
     backend = WhisperBackend(cfg, max_batch=args.batch_size)
     backend.warmup()
     vad = SileroModel(VADConfig())
     best = None
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        out = transcribe_files(audios, backend, vad, batch_size=args.batch_size)
+        out = transcribe_files(audios, backend, vad, batch_size=args.batch_size,
+                               vad_threads=args.threads)
         wall = time.perf_counter() - t0
         if best is None or wall < best[0]:
             best = (wall, out)

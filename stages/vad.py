@@ -102,6 +102,42 @@ class SileroModel:
         self._input[0, :CONTEXT] = self._input[0, -CONTEXT:]
         return float(out[0, 0])
 
+    def probs_batch(self, streams: list[np.ndarray]) -> list[np.ndarray]:
+        """Speech probability of every 512-sample window of each stream (the last window
+        zero-padded), all streams advanced together: one model call per window position for the
+        whole batch instead of one per stream. Each stream starts from a fresh state, exactly
+        as :meth:`prob` after :meth:`reset`; this model's own stream is left untouched.
+
+        Streams run longest first; a stream drops out of the batch when it ends, so the batch
+        shrinks instead of computing padding."""
+        counts = [-(-len(s) // WINDOW) for s in streams]
+        order = sorted(range(len(streams)), key=lambda i: counts[i], reverse=True)
+        out = [np.empty(c, np.float32) for c in counts]
+        if not order or counts[order[0]] == 0:
+            return out
+        b = len(order)
+        x = np.zeros((b, CONTEXT + WINDOW), np.float32)
+        state = np.zeros((2, b, 128), np.float32)
+        active = b
+        for w in range(counts[order[0]]):
+            while counts[order[active - 1]] <= w:
+                active -= 1
+            a, z = w * WINDOW, (w + 1) * WINDOW
+            for row in range(active):
+                s = streams[order[row]]
+                piece = s[a:z]
+                x[row, CONTEXT : CONTEXT + len(piece)] = piece
+                if len(piece) < WINDOW:
+                    x[row, CONTEXT + len(piece) :] = 0.0
+            feeds = {"input": x[:active], "state": np.ascontiguousarray(state[:, :active]),
+                     "sr": self._sr}
+            p, new_state = self._session.run(None, feeds)
+            state[:, :active] = new_state
+            x[:active, :CONTEXT] = x[:active, -CONTEXT:]
+            for row in range(active):
+                out[order[row]][w] = p[row, 0]
+        return out
+
 
 class VADStage(Stage):
     """Silero VAD with start/stop hysteresis over the caller's audio.

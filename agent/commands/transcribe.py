@@ -56,13 +56,16 @@ def main(args: argparse.Namespace) -> int:
         audios.append((f, pcm.astype("float32") / 32768.0))
     if not audios:
         raise VoxlineError("no readable audio among the inputs")
+    if cfg.asr.workers == 0:  # offline wants throughput: one backend call per thread
+        cfg.asr.workers = max(1, cfg.asr.threads)
+    cfg.asr.max_batch = args.batch_size
     backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
     backend.warmup()
     vad = SileroModel(cfg.vad)
     freeze_after_warmup(cfg.runtime)
     total = sum(len(a) for _, a in audios) / 16000
     t0 = time.perf_counter()
-    results = _run_with_progress(audios, backend, vad, args, total, transcribe_files)
+    results = _run_with_progress(audios, backend, vad, args, cfg, total, transcribe_files)
     wall = time.perf_counter() - t0
     for r in results:
         d = r.as_dict()
@@ -80,14 +83,16 @@ def main(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _run_with_progress(audios, backend, vad, args, total, transcribe_files):  # noqa: ANN001, ANN202
+def _run_with_progress(audios, backend, vad, args, cfg, total, transcribe_files):  # noqa: ANN001, ANN202
     try:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     except ImportError:
-        return transcribe_files(audios, backend, vad, args.batch_size, args.max_chunk)
+        return transcribe_files(audios, backend, vad, args.batch_size, args.max_chunk,
+                                vad_threads=cfg.asr.threads)
     columns = [TextColumn("transcribing"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                TimeRemainingColumn()]
     with Progress(*columns, transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("audio", total=total)
         return transcribe_files(audios, backend, vad, args.batch_size, args.max_chunk,
-                                on_progress=lambda s: bar.advance(task, s))
+                                on_progress=lambda s: bar.advance(task, s),
+                                vad_threads=cfg.asr.threads)

@@ -4,6 +4,7 @@ all chunks of all files transcribed in large batches. Throughput rules here, not
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,6 +107,45 @@ def vad_probs(audio: np.ndarray, vad: object) -> np.ndarray:
     return np.fromiter((prob(padded[i * WINDOW : (i + 1) * WINDOW]) for i in range(n)), np.float32, n)
 
 
+# Long files are cut into pieces that run side by side in the VAD batch; each piece after the
+# first starts a little early so the model's recurrent state has settled by its first window.
+VAD_PIECE_WINDOWS = 1875  # 60 s
+VAD_WARMUP_WINDOWS = 63  # 2 s
+
+
+def vad_probs_many(audios: Sequence[np.ndarray], vad: object, threads: int = 1) -> list[np.ndarray]:
+    """:func:`vad_probs` for many files at once: every file (and every minute of a long one)
+    is one row of a batched Silero run, so the model is called once per window position rather
+    than once per window of every file. ``threads`` batches run side by side (onnxruntime
+    releases the GIL), the rows dealt out longest first."""
+    pieces: list[np.ndarray] = []
+    where: list[tuple[int, int, int]] = []  # (file, first window kept, windows skipped)
+    for fi, audio in enumerate(audios):
+        n = -(-len(audio) // WINDOW)
+        for w in range(0, max(n, 1), VAD_PIECE_WINDOWS):
+            skip = min(w, VAD_WARMUP_WINDOWS)
+            a = (w - skip) * WINDOW
+            pieces.append(audio[a : (w + VAD_PIECE_WINDOWS) * WINDOW])
+            where.append((fi, w, skip))
+    threads = max(1, min(threads, len(pieces)))
+    if threads == 1:
+        probs = vad.probs_batch(pieces)  # type: ignore[attr-defined]
+    else:
+        by_length = sorted(range(len(pieces)), key=lambda i: len(pieces[i]), reverse=True)
+        shares = [by_length[k::threads] for k in range(threads)]
+        with ThreadPoolExecutor(threads, thread_name_prefix="vad") as pool:
+            done = pool.map(lambda share: vad.probs_batch([pieces[i] for i in share]), shares)  # type: ignore[attr-defined]
+            probs = [np.empty(0, np.float32)] * len(pieces)
+            for share, got in zip(shares, done, strict=True):
+                for i, p in zip(share, got, strict=True):
+                    probs[i] = p
+    out = [np.empty(-(-len(a) // WINDOW), np.float32) for a in audios]
+    for (fi, w, skip), p in zip(where, probs, strict=True):
+        kept = p[skip:]
+        out[fi][w : w + len(kept)] = kept
+    return out
+
+
 def transcribe_files(
     audios: Sequence[tuple[str, np.ndarray]],
     backend: ASRBackend,
@@ -113,15 +153,17 @@ def transcribe_files(
     batch_size: int = 16,
     max_chunk_s: float = 28.0,
     on_progress: Callable[[float], None] | None = None,
+    vad_threads: int = 1,
 ) -> list[FileResult]:
     """Transcribe whole files: VAD cut, then every chunk of every file in batches of
     ``batch_size``, longest first (similar lengths share a batch). ``on_progress`` receives the
     seconds of audio finished after each batch."""
     jobs: list[tuple[int, int, int]] = []  # (file index, start, end)
     results: list[FileResult] = []
+    all_probs = vad_probs_many([audio for _, audio in audios], vad, vad_threads)
     for fi, (name, audio) in enumerate(audios):
         results.append(FileResult(name, len(audio) / RATE))
-        regions = speech_regions(vad_probs(audio, vad))
+        regions = speech_regions(all_probs[fi])
         for a, b in chunk_regions(regions, max_chunk_s, len(audio)):
             jobs.append((fi, a, b))
         if on_progress is not None and not regions:

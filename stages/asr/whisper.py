@@ -22,12 +22,14 @@ SAMPLE_RATE = 16_000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper's encoder always sees a 30-s window
 WINDOW_FRAMES = 3000  # log-mel frames in that window (10 ms hop)
 FRAMES_PER_SECOND = 100
-# Short buffers are encoded in a 10-s window instead of 30 s: 2.5-5x faster, and on the 42 real
-# clips of the speech set (up to 26 s) the WER stayed 12.3% either way. Shorter windows made
-# Whisper repeat short phrases until the token limit ("6, 6, 6, ..."), so 10 s is the floor, and
-# a buffer must leave at least 1 s of the window silent to use it.
+# The encoder sees only as much of the 30-s window as a buffer needs: its length plus 2 s of
+# silence, rounded up to 2.5 s, never under 10 s. Cost falls with the window (a 10-s window is
+# 2.5-5x cheaper than 30 s). On the 45 clips of the speech set the offline WER stayed 6.08%
+# (30-s windows: 6.08%); windows under 10 s made Whisper repeat short phrases until the token
+# limit ("6, 6, 6, ..."), and a 1-s tail cost a word.
 SHORT_WINDOW_FRAMES = 1000
-SHORT_WINDOW_TAIL_FRAMES = 100
+SHORT_WINDOW_TAIL_FRAMES = 200
+WINDOW_STEP_FRAMES = 250
 MIN_SAMPLES = 1_600  # under 0.1 s there is no word to hear: skip the model
 # Peak below -70 dBFS is digital silence (speech never is that quiet): skip the model, which
 # otherwise reads the flat spectrogram as ". . . . .".
@@ -71,14 +73,17 @@ def _check_model_dir(path: Path) -> Path:
 class WhisperBackend:
     """Whisper through CTranslate2 on CPU, batched.
 
-    ``transcribe_batch`` turns every buffer into a log-mel spectrogram, pads each to the 30-s
-    window and decodes the whole batch with one ``Whisper.generate`` call, without timestamps.
+    ``transcribe_batch`` turns every buffer into a log-mel spectrogram, pads it to its encoder
+    window (:meth:`window_frames`) and decodes each group of buffers that share a window with
+    one ``Whisper.generate`` call, without timestamps.
     """
 
     name = "whisper"
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, cfg: ASRConfig, max_batch: int = 16, short_window: bool = True) -> None:
+    def __init__(
+        self, cfg: ASRConfig, max_batch: int | None = None, short_window: bool = True
+    ) -> None:
         ctranslate2 = require("ctranslate2", what="Whisper ASR", extra=EXTRA)
         tokenizers = require("tokenizers", what="Whisper ASR", extra=EXTRA)
         feature_extractor = require(
@@ -86,16 +91,20 @@ class WhisperBackend:
             package="faster-whisper",
         )
         self.cfg = cfg
-        self.max_batch = max_batch
+        self.max_batch = max(1, max_batch or cfg.max_batch)
         self.short_window = short_window
+        # workers > 1: that many generate calls run at once, the threads shared out between them
+        # (throughput: on 2 cores two 1-thread calls beat one 2-thread call by 10-25%, since a
+        # decoder step is too small to split well); 1: one call with every thread (latency).
+        self.workers = max(1, cfg.workers)
         self.model_dir = _check_model_dir(Path(cfg.model) if cfg.model else embedded_model_dir())
         self._ct2 = ctranslate2
         self._model = ctranslate2.models.Whisper(
             str(self.model_dir),
             device="cpu",
             compute_type=cfg.compute_type,
-            intra_threads=max(1, cfg.threads),
-            inter_threads=1,
+            intra_threads=max(1, cfg.threads // self.workers),
+            inter_threads=self.workers,
         )
         self._features = feature_extractor.FeatureExtractor(feature_size=self._model.n_mels)
         self._tokenizer = tokenizers.Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
@@ -110,10 +119,10 @@ class WhisperBackend:
         specials = ("<|startoftranscript|>", "<|startofprev|>", "<|startoflm|>", "<|nospeech|>",
                     "<|nocaptions|>", "<|transcribe|>", "<|translate|>")
         self._suppress = [-1] + [t for t in map(tok, specials) if t is not None]
-        # One padded feature batch, reused; the lock keeps concurrent callers off it (the model
-        # runs one batch at a time anyway).
+        # One padded feature batch, reused by the one-call path; the lock keeps concurrent
+        # callers off it (the model runs one batch at a time anyway).
         self._n_mels = self._model.n_mels
-        self._scratch = np.zeros(max_batch * self._n_mels * WINDOW_FRAMES, np.float32)
+        self._scratch = np.zeros(self.max_batch * self._n_mels * WINDOW_FRAMES, np.float32)
         self._lock = threading.Lock()
 
     # --- the backend interface -------------------------------------------------------------
@@ -136,22 +145,38 @@ class WhisperBackend:
         for i, buf in enumerate(audio):
             if len(buf) >= MIN_SAMPLES and float(np.max(np.abs(buf))) >= SILENCE_PEAK:
                 groups.setdefault(self.window_frames(len(buf)), []).append(i)
+        parts: list[tuple[int, list[int]]] = []
         for frames, todo in groups.items():
-            for at in range(0, len(todo), self.max_batch):
-                part = todo[at : at + self.max_batch]
-                hyps = self._decode(
-                    [audio[i] for i in part], [prompts[i] if prompts else "" for i in part], frames
-                )
+            # With several workers each group is shared out so that every worker has a piece.
+            size = min(self.max_batch, -(-len(todo) // self.workers))
+            parts.extend((frames, todo[at : at + size]) for at in range(0, len(todo), size))
+        texts = [prompts[i] if prompts else "" for i in range(len(audio))]
+        if self.workers == 1:
+            for frames, part in parts:
+                hyps = self._decode([audio[i] for i in part], [texts[i] for i in part], frames)
                 for i, hyp in zip(part, hyps, strict=True):
                     out[i] = hyp
+            return out
+        # Every piece is queued at once; CTranslate2 runs ``workers`` of them at a time. Each
+        # piece has its own feature array, alive until its result is read.
+        pending = []
+        for frames, part in parts:
+            feats = np.zeros((len(part), self._n_mels, frames), np.float32)
+            longest = self._fill(feats, [audio[i] for i in part])
+            pending.append((part, feats, self._generate(
+                feats, [texts[i] for i in part], longest, asynchronous=True)))
+        for part, _feats, results in pending:
+            for i, result in zip(part, results, strict=True):
+                out[i] = self._hypothesis(result.result())
         return out
 
     def window_frames(self, samples: int) -> int:
         """How many log-mel frames the encoder sees for a buffer of ``samples``."""
-        frames = samples * FRAMES_PER_SECOND // SAMPLE_RATE
-        if self.short_window and frames + SHORT_WINDOW_TAIL_FRAMES <= SHORT_WINDOW_FRAMES:
-            return SHORT_WINDOW_FRAMES
-        return WINDOW_FRAMES
+        if not self.short_window:
+            return WINDOW_FRAMES
+        frames = samples * FRAMES_PER_SECOND // SAMPLE_RATE + SHORT_WINDOW_TAIL_FRAMES
+        step = WINDOW_STEP_FRAMES
+        return min(WINDOW_FRAMES, max(SHORT_WINDOW_FRAMES, -(-frames // step) * step))
 
     def warmup(self) -> None:
         """Run the model once so the first real call does not pay for lazy initialisation."""
@@ -172,7 +197,14 @@ class WhisperBackend:
         n = len(audio)
         # A contiguous view of the flat scratch, so CTranslate2 reads it without a copy.
         feats = self._scratch[: n * self._n_mels * window].reshape(n, self._n_mels, window)
+        longest = self._fill(feats, audio)
+        return [self._hypothesis(r) for r in self._generate(feats, prompts, longest)]
+
+    def _fill(self, feats: np.ndarray, audio: Sequence[np.ndarray]) -> int:
+        """Write each buffer's log-mel frames into its row of ``feats`` (zeros after them);
+        returns the longest buffer's length in samples."""
         feats.fill(0.0)
+        window = feats.shape[2]
         longest = 0
         for i, buf in enumerate(audio):
             # The last frame covers only the padding faster-whisper adds; it drops it too.
@@ -180,8 +212,13 @@ class WhisperBackend:
             frames = min(mel.shape[1], window)
             feats[i, :, :frames] = mel[:, :frames]
             longest = max(longest, len(buf))
+        return longest
+
+    def _generate(
+        self, feats: np.ndarray, prompts: Sequence[str], longest: int, asynchronous: bool = False
+    ) -> list[Any]:
         max_length = min(448, 16 + int(TOKENS_PER_SECOND * longest / SAMPLE_RATE))
-        results = self._model.generate(
+        return self._model.generate(
             self._ct2.StorageView.from_array(feats),
             [self._prompt(p) for p in prompts],
             beam_size=max(1, self.cfg.beam_size),
@@ -190,8 +227,8 @@ class WhisperBackend:
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=self._suppress,
+            asynchronous=asynchronous,
         )
-        return [self._hypothesis(r) for r in results]
 
     def _prompt(self, previous: str) -> list[int]:
         if not previous.strip():

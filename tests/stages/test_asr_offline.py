@@ -5,7 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.asr.offline import RATE, WINDOW, chunk_regions, speech_regions
+from agent.config import VADConfig
+from stages.asr.offline import RATE, WINDOW, chunk_regions, speech_regions, vad_probs, vad_probs_many
 from stages.asr.wer import wer
 from transports.audio_file import read_wav, write_wav
 
@@ -31,6 +32,28 @@ def test_chunks_cut_only_at_pauses_and_respect_the_limit():
     long = chunks[2:]
     assert all(b - a <= 15 * s for a, b in long) and long[0][0] == 21 * s and long[-1][1] == 70 * s
     assert all(b - a <= 15 * s for a, b in chunks)
+
+
+def test_batched_vad_of_many_files_and_long_pieces_matches_one_file_at_a_time():
+    from stages.vad import SileroModel
+
+    vad = SileroModel(VADConfig())
+    clips = [read_wav(DATA / f"{name}.wav")[0][:, 0].astype(np.float32) / 32768 for name in REFS]
+    gap = np.zeros(RATE // 2, np.float32)
+    # 70 s: longer than one 60-s piece, so it is split and the second piece warms up first.
+    long = np.concatenate([np.concatenate([c, gap]) for c in clips] * 5)[: 70 * RATE]
+    files = [*clips, long]
+    alone = [vad_probs(a, vad) for a in files]
+    for threads in (1, 2):
+        many = vad_probs_many(files, vad, threads=threads)
+        assert [len(m) for m in many] == [len(a) for a in alone]
+        for a, m in zip(alone, many, strict=True):
+            np.testing.assert_allclose(m, a, atol=0.25)  # only where a piece starts
+            assert np.mean(np.abs(m - a) > 0.05) < 0.01
+            # The cuts agree to within one 32-ms window at each end.
+            ra, rm = speech_regions(a), speech_regions(m)
+            assert len(ra) == len(rm)
+            assert all(abs(x - y) <= WINDOW for p, q in zip(ra, rm, strict=True) for x, y in zip(p, q))
 
 
 def test_transcribe_cli_writes_json_per_file(tmp_path):

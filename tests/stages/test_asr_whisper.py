@@ -65,12 +65,32 @@ def test_batch_equals_single_buffer_results(backend, clips):
     assert all(single)
 
 
-def test_long_buffer_uses_full_window_and_still_matches_alone(backend, clips):
-    # 12 s of audio needs the 30-s window; in a batch with short buffers its text must not change.
+def test_parallel_workers_give_the_same_transcripts(backend, clips):
+    audio = list(clips.values())
+    audio += [a[: len(a) // 2] for a in audio]
+    two = WhisperBackend(ASRConfig(workers=2), max_batch=2)
+    assert two.workers == 2
+    assert [h.text for h in two.transcribe_batch(audio)] == [
+        h.text for h in backend.transcribe_batch(audio)
+    ]
+
+
+def test_encoder_window_covers_the_buffer_plus_two_seconds():
+    backend = object.__new__(WhisperBackend)
+    backend.short_window = True
+    for seconds, window in ((0.5, 1000), (7.9, 1000), (8.1, 1250), (12.0, 1500), (27.9, 3000),
+                            (30.0, 3000)):
+        assert backend.window_frames(int(seconds * 16000)) == window, seconds
+    backend.short_window = False
+    assert backend.window_frames(16000) == 3000
+
+
+def test_long_buffer_uses_a_longer_window_and_still_matches_alone(backend, clips):
+    # A long buffer needs a longer encoder window than a short one; in a batch with short buffers
+    # its text must not change.
     long = np.concatenate([clips[n] for n in CLIPS] + [np.zeros(16000, np.float32)])
-    assert backend.window_frames(len(long)) == 3000
     short = clips["ls-test-clean-4507-16021-0012.wav"]
-    assert backend.window_frames(len(short)) < 3000
+    assert backend.window_frames(len(long)) > backend.window_frames(len(short))
     alone = backend.transcribe_batch([long])[0].text
     mixed = backend.transcribe_batch([short, long])
     assert mixed[1].text == alone

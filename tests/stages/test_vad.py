@@ -192,6 +192,39 @@ def test_forks_share_the_session_but_not_the_state(model: SileroModel) -> None:
     assert one._session is model._session
 
 
+def test_batched_streams_match_each_stream_alone(model: SileroModel) -> None:
+    clips = [read_clip(n).astype(np.float32) / 32768 for n in CLIPS]
+    clips.append(clips[0][: 3 * WINDOW + 100])  # ends mid-window; the last window is zero-padded
+    clips.append(np.zeros(0, np.float32))
+    alone = []
+    for clip in clips:
+        model.reset()
+        padded_clip = np.zeros(-(-len(clip) // WINDOW) * WINDOW, np.float32)
+        padded_clip[: len(clip)] = clip
+        alone.append(np.array([model.prob(w) for w in padded_clip.reshape(-1, WINDOW)], np.float32))
+    batched = model.probs_batch(clips)
+    assert [len(b) for b in batched] == [len(a) for a in alone]
+    for a, b in zip(alone, batched, strict=True):
+        # The batch runs other kernels than batch 1: equal to float rounding carried by the LSTM.
+        np.testing.assert_allclose(b, a, atol=0.05)
+        if len(a):
+            assert np.mean((a > 0.5) == (b > 0.5)) > 0.98
+    np.testing.assert_array_equal(model.probs_batch([clips[1]])[0], alone[1])  # batch of one: exact
+    assert model.probs_batch([]) == []
+
+
+def test_a_batch_run_leaves_the_models_own_stream_alone(model: SileroModel) -> None:
+    windows = (read_clip("ls-dev-clean-1988-24833-0000")[: 6 * WINDOW].astype(np.float32) / 32768)
+    windows = windows.reshape(-1, WINDOW)
+    model.reset()
+    expected = [model.prob(w) for w in windows]
+    model.reset()
+    got = [model.prob(w) for w in windows[:3]]
+    model.probs_batch([windows[::-1].ravel(), windows.ravel()])
+    got += [model.prob(w) for w in windows[3:]]
+    assert got == expected
+
+
 def test_model_rejects_a_wrong_window_size(model: SileroModel) -> None:
     with pytest.raises(ValueError, match="512"):
         model.prob(np.zeros(320, dtype=np.float32))
