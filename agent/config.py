@@ -40,7 +40,7 @@ class ASRConfig:
     beam_size: int = 1
     compute_type: str = "int8"
     threads: int = 2
-    workers: int = 0  # backend calls at once, sharing the threads; 0: 1 live, one per thread offline
+    workers: int = 0  # backend calls at once, sharing the threads (0: one per thread)
     partial_interval_ms: int = 400  # how often partials are recomputed while the caller speaks
     max_utterance_s: float = 25.0  # longer utterances are committed and trimmed
     slots: int = 32  # streams one engine serves at once (preallocated: ~2.3 MB each)

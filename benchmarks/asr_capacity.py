@@ -2,7 +2,9 @@
 
 N simulated callers stream real speech (../shared/data/speech LibriSpeech clips) at real-time
 pace, each call alternating caller speech with the silence of the agent's turn (``--talk-ratio``
-of the time speaking), with staggered starts. Every caller has its own Silero VAD. Three setups:
+of the time speaking; between turns the line carries the recording's own background noise, or
+with ``--gaps zeros`` digital silence), with staggered starts. Every caller has its own Silero
+VAD. Three setups:
 
   (a) engine:   the shared ASREngine, cross-session batching on, silence bypass (voxline)
   (b) no-batch: the same engine with batching off (one backend call per request)
@@ -107,12 +109,24 @@ class Meter(Stage):
             self.final_ms.append((time.monotonic_ns() - self.stop_ns.pop(0)) / 1e6)
 
 
-def caller_audio(clips: list[np.ndarray], seconds: float, talk_ratio: float, rng) -> np.ndarray:
+def room_noise(clip: np.ndarray, samples: int, rng) -> np.ndarray:
+    """``samples`` of the recording's own background: its quietest 20-ms frames (the lowest
+    10% by RMS) in random order — the room and microphone noise a real line carries between
+    turns, at the recording's level."""
+    frames = clip[: len(clip) // FRAME * FRAME].reshape(-1, FRAME)
+    rms = np.sqrt(np.mean(frames.astype(np.float32) ** 2, axis=1))
+    quiet = frames[rms <= np.percentile(rms, 10)]
+    pick = rng.integers(len(quiet), size=-(-samples // FRAME))
+    return quiet[pick].ravel()[:samples]
+
+
+def caller_audio(clips: list[np.ndarray], seconds: float, talk_ratio: float, rng,
+                 gaps: str = "room") -> np.ndarray:
     parts, n = [], 0
     while n < seconds * 16000:
         c = clips[rng.integers(len(clips))]
         gap = int(len(c) * (1 - talk_ratio) / talk_ratio)
-        parts += [c, np.zeros(gap, np.int16)]
+        parts += [c, room_noise(c, gap, rng) if gaps == "room" else np.zeros(gap, np.int16)]
         n += len(c) + gap
     return np.concatenate(parts)[: int(seconds * 16000)]
 
@@ -135,7 +149,7 @@ async def run_level(setup: str, n: int, backend, vad_base, cfg: ASRConfig, clips
         p = Pipeline([VADStage(VADConfig(), model=vad_base.fork()), asr, meter])
         ctx = StageContext(trace)
         await p.start(ctx)
-        audio = caller_audio(clips, args.seconds, args.talk_ratio, rng)
+        audio = caller_audio(clips, args.seconds, args.talk_ratio, rng, args.gaps)
         lead = int(rng.integers(0, 16000 * 2) // FRAME * FRAME)  # staggered starts
         audio = np.concatenate([np.zeros(lead, np.int16), audio])
         callers.append((p, ctx, trace, meter, asr, audio))
@@ -181,14 +195,14 @@ async def run_level(setup: str, n: int, backend, vad_base, cfg: ASRConfig, clips
 
 
 async def main_async(args) -> dict:
-    cfg = ASRConfig()
+    cfg = ASRConfig(workers=args.workers)
     backend = WhisperBackend(cfg)
     backend.warmup()
     vad = SileroModel(VADConfig())
     manifest = [json.loads(x) for x in (DATA / "manifest.jsonl").read_text().splitlines() if x.strip()]
     clips = [read_audio(DATA / m["path"]) for m in manifest if m["id"].startswith("ls-")]
     out = {"benchmark": "asr_capacity", "seconds_per_level": args.seconds,
-           "talk_ratio": args.talk_ratio, "levels": [], "capacity": {}}
+           "talk_ratio": args.talk_ratio, "gaps": args.gaps, "levels": [], "capacity": {}}
     for setup in args.setups:
         best = 0
         for n in args.levels:
@@ -208,6 +222,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0, help="audio per caller per level")
     ap.add_argument("--talk-ratio", type=float, default=0.4, help="share of the call the caller speaks")
+    ap.add_argument("--gaps", choices=["room", "zeros"], default="room",
+                    help="what the line carries between turns: the recording's own background "
+                    "noise (default), or digital silence (which the backend skips unaided)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="backend calls in flight (asr.workers; default 0: one per thread)")
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32])
     ap.add_argument("--setups", nargs="+", default=["engine", "no-batch", "naive"])
     ap.add_argument("--json-out")

@@ -46,7 +46,7 @@ def main() -> int:
     res: dict = {"benchmark": "offline_transcribe", "clips": len(audios), "audio_s": round(total, 1),
                  "batch_size": args.batch_size, "threads": args.threads}
 
-    cfg = ASRConfig(threads=args.threads, workers=args.threads)  # as `voxline transcribe`
+    cfg = ASRConfig(threads=args.threads)
     backend = WhisperBackend(cfg, max_batch=args.batch_size)
     backend.warmup()
     vad = SileroModel(VADConfig())

@@ -26,6 +26,12 @@ from agent.stage import DOWN, Stage
 WINDOW = 512  # samples per model call at 16 kHz (32 ms): the only size Silero v5+ accepts
 CONTEXT = 64  # trailing samples of the previous window the model sees before each window
 _INT16_SCALE = np.float32(1.0 / 32768.0)
+# Where the caller's voice stopped, for the voice-to-voice clock: the last frame of the utterance
+# whose RMS is within 35 dB of its loudest frame (and above -60 dBFS). Silero's probability
+# decays over a window or three after the voice stops, so its own end is late by up to ~100 ms.
+LOUD_DB = 35.0
+LOUD_FLOOR = 1e-3
+_LOUD_RATIO_SQ = 10 ** (-LOUD_DB / 10)
 
 
 def silero_model_path() -> Path:
@@ -179,6 +185,9 @@ class VADStage(Stage):
         self._paused_at: int | None = None
         self._speech_end = 0  # end of the last window counted as speech
         self._speech_end_ns = 0
+        self._peak_sq = 0.0  # loudest frame's mean square since the last utterance ended
+        self._loud_end = -1  # end sample and arrival of the last frame near that peak
+        self._loud_ns = 0
 
     # --- frames ----------------------------------------------------------------------------
     def process(self, frame: Frame, direction: Direction) -> None:
@@ -236,6 +245,13 @@ class VADStage(Stage):
             self.push_error(message)
 
     def _consume(self, pcm: np.ndarray, offset: int, t_ns: int) -> None:
+        if len(pcm):
+            x = pcm.astype(np.float32) * _INT16_SCALE if pcm.dtype == np.int16 else pcm
+            ms = float(np.dot(x, x)) / len(x)
+            if ms == ms:  # not NaN
+                self._peak_sq = max(self._peak_sq, ms)
+                if ms >= max(LOUD_FLOOR * LOUD_FLOOR, self._peak_sq * _LOUD_RATIO_SQ):
+                    self._loud_end, self._loud_ns = offset + len(pcm), t_ns
         if offset != self._next:
             # A gap or overlap in the media timeline: a window must not straddle it.
             self._fill = 0
@@ -299,6 +315,7 @@ class VADStage(Stage):
             self._reset_speech()
 
     def _stop(self, at: int) -> None:
-        self.push(
-            SpeechStopped(at, started_at=self._started_at, speech_end_ns=self._speech_end_ns), DOWN
-        )
+        end_ns = self._speech_end_ns
+        if self._started_at <= self._loud_end <= self._speech_end + WINDOW and self._loud_ns:
+            end_ns = min(end_ns, self._loud_ns)  # the voice itself stopped before the VAD said so
+        self.push(SpeechStopped(at, started_at=self._started_at, speech_end_ns=end_ns), DOWN)

@@ -56,8 +56,6 @@ def main(args: argparse.Namespace) -> int:
         audios.append((f, pcm.astype("float32") / 32768.0))
     if not audios:
         raise VoxlineError("no readable audio among the inputs")
-    if cfg.asr.workers == 0:  # offline wants throughput: one backend call per thread
-        cfg.asr.workers = max(1, cfg.asr.threads)
     cfg.asr.max_batch = args.batch_size
     backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
     backend.warmup()

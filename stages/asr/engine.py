@@ -5,8 +5,8 @@ thread gathers the requests of all sessions for a short window (or until the bat
 runs ONE batched backend call for them. Two guards: ``window_ms`` bounds how long the first
 request of a batch waits for company, and ``max_latency_ms`` bounds a partial's total age — a
 partial older than that is dropped (a newer one supersedes it) so an overloaded engine sheds
-stale work instead of falling further behind. Finals are never dropped. Requests are served
-oldest first, so nobody starves.
+stale work instead of falling further behind. Finals are never dropped and go first; within
+finals and within partials, requests are served oldest first, so nobody starves.
 """
 
 from __future__ import annotations
@@ -80,8 +80,18 @@ class ASREngine:
         self._queue: deque[Request] = deque()
         self._cv = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._work, name="asr-engine", daemon=True)
-        self._thread.start()
+        # On a backend whose batch costs what its parts cost (Whisper on CPU), a final shares
+        # its batch with no partial: the partials would only make it wait.
+        self.finals_alone = bool(getattr(backend, "linear_batch_cost", False))
+        # One worker thread per backend call the backend runs at once (its ``workers``): each
+        # gathers and runs its own batch, so a final need not wait for a batch of partials.
+        self.lanes = max(1, int(getattr(backend, "workers", 1)))
+        self._threads = [
+            threading.Thread(target=self._work, name=f"asr-engine-{i}", daemon=True)
+            for i in range(self.lanes)
+        ]
+        for t in self._threads:
+            t.start()
 
     # --- slots -------------------------------------------------------------------------------
     def open(self) -> Slot:
@@ -127,7 +137,8 @@ class ASREngine:
             self._cv.notify_all()
         for r in pending:
             r.loop.call_soon_threadsafe(_resolve, r.future, None)
-        self._thread.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
 
     # --- worker thread -----------------------------------------------------------------------
     def _gather(self) -> list[Request] | None:
@@ -145,15 +156,28 @@ class ASREngine:
                 self._cv.wait(left / 1e9)
             now = time.monotonic_ns()
             batch: list[Request] = []
-            while self._queue and len(batch) < self.max_batch:
-                r = self._queue.popleft()  # oldest first
-                if r.slot.generation != r.generation or (
-                    not r.final and now - r.enqueued_ns > self.max_latency_ns
-                ):
-                    self.stats.dropped_stale += 1
-                    r.loop.call_soon_threadsafe(_resolve, r.future, None)
-                    continue
-                batch.append(r)
+            rest: deque[Request] = deque()
+            # Finals first (a caller waits for the answer), then partials; oldest first within
+            # each. A stream has one request outstanding at most, so partials wait behind at
+            # most one final per stream, and a partial that waited too long is shed.
+            for want_final in (True, False):
+                if not want_final and batch and self.finals_alone:
+                    rest.extend(r for r in self._queue if not r.final)
+                    break
+                for r in self._queue:
+                    if r.final is not want_final:
+                        continue
+                    if r.slot.generation != r.generation or (
+                        not r.final and now - r.enqueued_ns > self.max_latency_ns
+                    ):
+                        self.stats.dropped_stale += 1
+                        r.loop.call_soon_threadsafe(_resolve, r.future, None)
+                    elif len(batch) < self.max_batch:
+                        batch.append(r)
+                    else:
+                        rest.append(r)
+            rest = deque(sorted(rest, key=_age))
+            self._queue = rest
             return batch
 
     def _work(self) -> None:
@@ -175,12 +199,19 @@ class ASREngine:
                     r.loop.call_soon_threadsafe(_fail, r.future, exc)
                 continue
             finally:
-                self.stats.busy_s += time.perf_counter() - t0
-            self.stats.batches += 1
-            self.stats.requests += len(batch)
-            self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
+                busy = time.perf_counter() - t0
+            with self._cv:
+                st = self.stats
+                st.busy_s += busy
+                st.batches += 1
+                st.requests += len(batch)
+                st.batch_sizes[len(batch)] = st.batch_sizes.get(len(batch), 0) + 1
             for r, h in zip(batch, hyps):
                 r.loop.call_soon_threadsafe(_resolve, r.future, h)
+
+
+def _age(r: Request) -> int:
+    return r.enqueued_ns
 
 
 def _resolve(fut: asyncio.Future, value: object) -> None:

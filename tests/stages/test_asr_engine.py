@@ -86,6 +86,26 @@ def test_full_batch_goes_at_once_and_oldest_first():
     assert first < 5
 
 
+def test_finals_go_before_older_partials_and_order_holds_within_each():
+    async def main():
+        be = Recording(delay=0.2)
+        eng = ASREngine(be, capacity=8, window_ms=1, max_batch=2)
+        slots = [eng.open() for _ in range(6)]
+        busy = eng.submit(slots[0], np.zeros(1, np.float32))  # occupies the worker
+        await asyncio.sleep(0.05)
+        futs = [eng.submit(slots[1], np.zeros(10, np.float32)),  # partials, oldest first
+                eng.submit(slots[2], np.zeros(20, np.float32)),
+                eng.submit(slots[3], np.zeros(30, np.float32), final=True),
+                eng.submit(slots[4], np.zeros(40, np.float32)),
+                eng.submit(slots[5], np.zeros(50, np.float32), final=True)]
+        await asyncio.gather(busy, *futs)
+        eng.close()
+        return be
+
+    be = asyncio.run(main())
+    assert be.batches == [[1], [30, 50], [10, 20], [40]]
+
+
 def test_stale_partials_are_dropped_finals_never():
     async def main():
         be = Recording(delay=0.3)

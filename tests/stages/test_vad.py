@@ -267,6 +267,20 @@ def test_one_utterance_gives_one_segment(model: SileroModel) -> None:
     assert 0.6 * stage.windows < stage.speech_windows < stage.windows
 
 
+def test_speech_end_time_is_where_the_voice_stopped(model: SileroModel, three_clips) -> None:
+    # The voice-to-voice clock starts at the arrival of the frame where the voice stopped: the
+    # energy reference's end (CLIPS), to within one 20-ms frame, not Silero's later decision.
+    pcm, spans = three_clips
+    out = run(VADStage(VADConfig(), model=model), pcm)
+    stops = [f for f in out if isinstance(f, SpeechStopped)]
+    assert len(stops) == len(spans)
+    for stop, (_, end) in zip(stops, spans, strict=True):
+        frame_index = stop.speech_end_ns - 1  # run() stamps each frame with its index + 1
+        frame_end = (frame_index + 1) * 320
+        assert end - 160 <= frame_end <= end + 480, (frame_end / SR, end / SR)
+        assert frame_end <= stop.at + WINDOW
+
+
 def test_three_utterances_with_gaps_match_the_reference(model: SileroModel, three_clips) -> None:
     pcm, spans = three_clips
     out = run(VADStage(VADConfig(), model=model), pcm)
@@ -317,9 +331,11 @@ def test_audio_is_forwarded_first_and_events_right_after_their_trigger(
             assert paused_at == f.at  # the pause came first, at the same sample
             paused_at = None
             assert f.at + stop_need <= last_audio.end < f.at + stop_need + WINDOW + 320
-            # speech_end_ns is the arrival time of the frame that held the last speech sample.
+            # speech_end_ns is the arrival time of the frame where the voice stopped: never
+            # after the frame that held the VAD's last speech sample (the energy end can be
+            # earlier; test_speech_end_time_is_where_the_voice_stopped pins it down).
             holder = next(a for a in audio if a.offset < f.at <= a.end)
-            assert f.speech_end_ns == holder.t_ns
+            assert 0 < f.speech_end_ns <= holder.t_ns
 
 
 def test_silence_and_low_noise_are_not_speech(model: SileroModel) -> None:
