@@ -52,6 +52,9 @@ class Playout:
         self.dropped_samples = 0
         self.frames_out = 0
         self.interruptions = 0
+        # Called when audio arrives while nothing is queued, so a paced transport can send it
+        # at once instead of at its next tick.
+        self.on_ready: Callable[[], None] | None = None
 
     @property
     def queued_samples(self) -> int:
@@ -80,8 +83,11 @@ class Playout:
             n = len(pcm)
             if n == 0:
                 return
+        was_empty = self._queued == 0
         self._chunks.append(pcm)
         self._queued += n
+        if was_empty and self.on_ready is not None:
+            self.on_ready()
 
     def flush(self) -> None:
         """Barge-in: drop every queued sample now; the agent stops within one frame."""

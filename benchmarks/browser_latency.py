@@ -3,13 +3,16 @@
 Headless Chromium calls the server with the embedded models; its fake microphone plays a real
 recording ``--turns`` times with silences between. Per turn, two numbers:
 
-- page: from the last moment the page's microphone carried speech (AnalyserNode on the captured
-  track, polled every 20 ms) to the first agent audio in the page's playback AnalyserNode;
-- trace: the server's own ``voice_to_voice`` span (VAD's end of speech → first agent audio
-  frame handed to the transport).
+- page: from where the voice stopped in the page's microphone track (the last 5-ms block within
+  35 dB of the loudest, read from an AnalyserNode holding more than a polling interval, so the
+  time is exact to a block) to the first audible block of agent audio in the page's playback;
+- trace: the server's own ``voice_to_voice`` span, from the arrival of the frame where the voice
+  stopped (the same 35-dB rule, in the VAD) to the first agent audio frame handed to the
+  transport — the in-process pipeline's voice-to-voice for this very turn.
 
-Their difference is what the transport (and the browser's capture and playout buffers) adds to
-the pipeline. Prints a table and one JSON line.
+Per turn, page - trace is what the transport adds: the page's capture framing, the uplink, the
+downlink, the playback margin and the render quantum. Pairing turn by turn cancels the model's
+own variation (the reply differs from turn to turn). Prints a table and one JSON line.
 
     python benchmarks/browser_latency.py [--turns 4] [--transports ws,webrtc]
 """
@@ -67,13 +70,18 @@ def main() -> int:
             page = [float(x) for x in state["voiceToVoiceMs"]]
             n = min(len(trace), len(page))
             added = [page[i] - trace[i] for i in range(n)]
-            results[transport] = {"page_ms": page, "trace_ms": trace, "added_ms": added}
+            results[transport] = {"page_ms": page, "trace_ms": trace, "added_ms": added,
+                                  "browser_jitter_buffer_ms": state.get("jitterBufferMs")}
     print(f"{'transport':10} {'turns':>5} {'page p50':>9} {'page p95':>9} {'trace p50':>10} "
           f"{'added p50':>10} {'added p95':>10}")
     for name, r in results.items():
         print(f"{name:10} {len(r['page_ms']):5d} {pct(r['page_ms'], 50):9.0f} "
               f"{pct(r['page_ms'], 95):9.0f} {pct(r['trace_ms'], 50):10.0f} "
               f"{pct(r['added_ms'], 50):10.0f} {pct(r['added_ms'], 95):10.0f}")
+    for name, r in results.items():
+        if r["browser_jitter_buffer_ms"] is not None:
+            print(f"{name}: the browser's receive jitter buffer held agent audio "
+                  f"{r['browser_jitter_buffer_ms']} ms on average (getStats inbound-rtp)")
     print(json.dumps({"benchmark": "browser_latency", "turns": args.turns, "results": results}))
     return 0
 

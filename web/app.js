@@ -13,7 +13,7 @@ const withToken = (path) => (token ? `${path}?token=${encodeURIComponent(token)}
 const state = window.voxline = {
   status: 'idle', transport: null, session: null, events: 0, finals: [], partial: '',
   replies: [], traces: [], interrupts: 0, errors: [], micFrames: 0, agentChunks: 0,
-  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [],
+  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [], jitterBufferMs: null,
 };
 
 let call = null;  // the live call's handles, null when idle
@@ -125,25 +125,52 @@ function onEvent(ev) {
 }
 
 // --- levels: the agent meter and the page-side voice-to-voice measurement --------------------------
-// Voice-to-voice as the page hears it: from the last moment the microphone carried speech to
-// the first agent audio after it (20 ms resolution, the polling interval).
+// Voice-to-voice as the page hears it: from where the microphone's voice stopped (the last 5-ms
+// block within 35 dB of the loudest the microphone has carried, as the server's VAD clocks it)
+// to the first agent audio the page plays. The analysers hold more than one polling interval of
+// audio, so every block is seen and both ends are placed to 5 ms, not to the 20-ms poll.
 function watchLevels(ctx, micSource, agentOut) {
-  const mic = ctx.createAnalyser(); mic.fftSize = 256; micSource.connect(mic);
-  const agent = ctx.createAnalyser(); agent.fftSize = 256; agentOut.connect(agent);
-  const buf = new Float32Array(256);
-  const rms = (an) => { an.getFloatTimeDomainData(buf); let s = 0; for (const v of buf) s += v * v; return Math.sqrt(s / buf.length); };
+  const size = ctx.sampleRate > 24000 ? 2048 : 1024;
+  const mic = ctx.createAnalyser(); mic.fftSize = size; micSource.connect(mic);
+  const agent = ctx.createAnalyser(); agent.fftSize = size; agentOut.connect(agent);
+  const buf = new Float32Array(size);
+  const block = Math.round(ctx.sampleRate * 0.005);
+  const blocks = Math.floor(size / block);
+  const levels = new Float32Array(blocks);
+  const msPerSample = 1000 / ctx.sampleRate;
+  const measure = (an) => {  // RMS of each 5-ms block (the newest last) and of the newest 16 ms
+    an.getFloatTimeDomainData(buf);
+    for (let b = 0; b < blocks; b++) {
+      let s = 0;
+      for (let i = size - (blocks - b) * block, e = i + block; i < e; i++) s += buf[i] * buf[i];
+      levels[b] = Math.sqrt(s / block);
+    }
+    let s = 0;
+    for (let i = size - 256; i < size; i++) s += buf[i] * buf[i];
+    return Math.sqrt(s / 256);
+  };
+  const blockEndMs = (now, b) => now - (blocks - b - 1) * block * msPerSample;
   let lastVoice = 0, agentOn = false, agentQuietSince = 0;
   const canvas = $('meter').getContext('2d');
   return setInterval(() => {
     const now = performance.now();
-    const m = rms(mic), a = rms(agent);
-    state.micMaxRms = Math.max(state.micMaxRms, m);
+    const m = measure(mic);
+    let loudest = 0;
+    for (let b = 0; b < blocks; b++) loudest = Math.max(loudest, levels[b]);
+    state.micMaxRms = Math.max(state.micMaxRms, loudest);
+    const voice = Math.max(0.001, state.micMaxRms * 0.0178);  // -35 dB
+    for (let b = blocks - 1; b >= 0; b--) {
+      if (levels[b] >= voice) { lastVoice = Math.max(lastVoice, blockEndMs(now, b)); break; }
+    }
+    const a = measure(agent);
+    let first = -1;
+    for (let b = 0; b < blocks; b++) if (levels[b] > 0.005) { first = b; break; }
     state.agentMaxRms = Math.max(state.agentMaxRms, a);
-    if (m > 0.01) lastVoice = now;
-    if (a > 0.005) {
+    if (first >= 0) {
+      const start = blockEndMs(now, first) - block * msPerSample;
       // the agent starting while the caller still speaks is not a voice-to-voice turn
-      if (!agentOn && lastVoice && lastVoice > agentQuietSince && now - lastVoice >= 40) {
-        state.voiceToVoiceMs.push(Math.round(now - lastVoice));
+      if (!agentOn && lastVoice && lastVoice > agentQuietSince && start - lastVoice >= 40) {
+        state.voiceToVoiceMs.push(Math.round(start - lastVoice));
       }
       agentOn = true; agentQuietSince = 0;
     } else if (agentOn) { agentOn = false; agentQuietSince = now; }
@@ -179,8 +206,9 @@ async function startWebSocket(stream) {
     for (let i = 0; i < pcm.length; i++) ch[i] = pcm[i] / 32768;
     const node = ctx.createBufferSource();
     node.buffer = buf; node.connect(out);
-    // a 40 ms jitter margin when playback (re)starts; back-to-back frames after that
-    playHead = Math.max(playHead, ctx.currentTime + 0.04);
+    // The server sends the first 60 ms of each stretch of agent audio at once, which absorbs
+    // network jitter; 10 ms of margin when playback (re)starts, back-to-back frames after that.
+    playHead = Math.max(playHead, ctx.currentTime + 0.01);
     node.start(playHead); playHead += buf.duration;
     playing.add(node); node.onended = () => playing.delete(node);
     state.agentChunks++;
@@ -237,8 +265,18 @@ async function startWebRTC(stream) {
   if (!r.ok) { pc.close(); throw new Error(`offer refused: ${r.status} ${(await r.text()).trim()}`); }
   await pc.setRemoteDescription(await r.json());
   const timer = watchLevels(ctx, ctx.createMediaStreamSource(stream), out);
+  // The browser's receive jitter buffer: how long agent audio waits in it on average
+  // (inbound-rtp jitterBufferDelay / jitterBufferEmittedCount), for the latency budget.
+  const statsTimer = setInterval(async () => {
+    if (pc.connectionState !== 'connected') return;
+    (await pc.getStats()).forEach((r) => {
+      if (r.type === 'inbound-rtp' && r.kind === 'audio' && r.jitterBufferEmittedCount) {
+        state.jitterBufferMs = Math.round(1000 * r.jitterBufferDelay / r.jitterBufferEmittedCount);
+      }
+    });
+  }, 1000);
   return {
-    pc, ctx, timer,
+    pc, ctx, timer, statsTimer,
     // the server flushes its queue on barge-in; what Chromium's jitter buffer holds is < 100 ms
     flushPlayback() {},
     hangup() {
@@ -271,6 +309,7 @@ function finish(status, reason) {
   call = null;
   if (!c) return;
   clearInterval(c.timer);
+  if (c.statsTimer) clearInterval(c.statsTimer);
   for (const t of c.stream.getTracks()) t.stop();
   setTimeout(() => c.ctx.close(), 200);
   if (reason) showError(reason);

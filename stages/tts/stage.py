@@ -109,12 +109,15 @@ class TTSStage(QueuedStage):
         pending = np.zeros(0, np.int16)
         n = self.chunk_samples
         audio = self.tts.synthesize(text)
+        lead = 0  # leading near-silence dropped so far; -1 once the voice has started
         try:
             for pcm in audio:
                 if stop.is_set():
                     return
                 if resampler is not None:
                     pcm = resampler.resample_chunk(pcm)
+                if lead >= 0:
+                    pcm, lead = _trim_lead(pcm, lead)
                 pending = np.concatenate((pending, pcm)) if len(pending) else pcm
                 while len(pending) >= n:
                     emit((pending[:n].copy(), False))
@@ -133,3 +136,22 @@ class TTSStage(QueuedStage):
             emit((pending[:n].copy(), False))
             pending = pending[n:]
         emit((np.ascontiguousarray(pending, dtype=np.int16), True))
+
+
+LEAD_PEAK = 100  # int16 peak of near-silence (-50 dBFS)
+LEAD_KEEP = 160  # samples kept before the first audible one (10 ms at 16 kHz)
+LEAD_MAX = 4_800  # never drop more than 300 ms
+
+
+def _trim_lead(pcm: np.ndarray, dropped: int) -> tuple[np.ndarray, int]:
+    """Drop the near-silence a synthesizer puts before the first word (Piper: 0-50 ms), so the
+    caller hears the voice that much sooner. Returns the rest and the samples dropped so far,
+    or -1 once the voice has started (nothing more is trimmed)."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > LEAD_PEAK)
+    if len(loud) == 0:
+        if dropped + len(pcm) <= LEAD_MAX:
+            return pcm[:0], dropped + len(pcm)
+        return pcm, -1
+    cut = min(max(0, int(loud[0]) - LEAD_KEEP), LEAD_MAX - dropped)
+    return pcm[max(cut, 0):], -1
+

@@ -156,3 +156,33 @@ def test_interrupt_stops_the_utterance_in_flight_and_the_stage_goes_on(piper: Pi
     assert [f.text for f in lasts] == ["Okay."]  # the interrupted utterance was never closed
     i = next(i for i, f in enumerate(frames) if isinstance(f, Interrupt))
     assert all(f.text in ("", "Okay.") for f in frames[i + 1 :] if isinstance(f, TTSAudio))
+
+
+def test_leading_silence_is_trimmed_to_10_ms_and_never_more_than_300(piper: PiperTTS) -> None:
+    from stages.tts.stage import LEAD_KEEP, LEAD_MAX, _trim_lead
+
+    class LateStart(CountingTTS):
+        """Piper with 200 ms of digital silence before its first sample."""
+
+        def synthesize(self, text: str) -> Iterator[np.ndarray]:
+            yield np.zeros(self.sample_rate // 5, np.int16)
+            yield from self.inner.synthesize(text)
+
+    async def main() -> list[TTSAudio]:
+        async with Harness(LateStart(piper)) as h:
+            h.pipeline.push(TextToSpeak("Hello there."), DOWN)
+            await h.until(lambda fs: any(isinstance(f, TTSAudio) and f.last for f in fs))
+            return [f for f in h.frames if isinstance(f, TTSAudio)]
+
+    audio = np.concatenate([f.pcm for f in asyncio.run(main())])
+    first_loud = int(np.flatnonzero(np.abs(audio.astype(np.int32)) > 100)[0])
+    assert first_loud <= LEAD_KEEP  # the 200 ms (and Piper's own lead) are gone
+    assert len(audio) > 16000 * 0.5  # the words are all there
+    # Pure rule: silence is dropped up to 300 ms, then kept; the voice is never cut.
+    quiet, voice = np.zeros(8000, np.int16), np.full(100, 3000, np.int16)
+    rest, dropped = _trim_lead(quiet[:3000], 0)
+    assert len(rest) == 0 and dropped == 3000
+    rest, dropped = _trim_lead(np.concatenate([quiet[:3000], voice]), dropped)
+    assert dropped == -1 and len(rest) == 3000 + 100 - (LEAD_MAX - 3000) and rest[-1] == 3000
+    rest, dropped = _trim_lead(np.concatenate([quiet[:500], voice]), 0)
+    assert len(rest) == LEAD_KEEP + 100 and dropped == -1

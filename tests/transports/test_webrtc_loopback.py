@@ -158,14 +158,17 @@ def test_only_loopback_candidates_are_kept():
 
 def test_inbound_audio_is_cut_into_whole_20ms_frames_at_16k():
     inbound = InboundAudio()
-    out = []
+    out, per_packet = [], []
     for k in range(10):
         stereo = np.full((1, 1920), 1000, np.int16)  # packed s16 stereo, 960 samples per channel
         frame = av.AudioFrame.from_ndarray(stereo, format="s16", layout="stereo")
         frame.sample_rate, frame.pts = 48000, k * 960
-        out.extend(inbound.feed(frame))
+        got = list(inbound.feed(frame))
+        per_packet.append(len(got))
+        out.extend(got)
     assert all(len(f) == 320 and f.dtype == np.int16 for f in out)
-    assert 8 <= len(out) <= 10  # the resampler keeps a few samples back
+    # Every packet yields its frame at once: no sample waits for the next packet.
+    assert per_packet == [1] * 10 and inbound._n == 0
     assert abs(int(out[-1][160]) - 1000) < 50
 
 
@@ -193,3 +196,41 @@ def test_a_browser_that_never_connects_is_let_go(new_session, pool, monkeypatch)
         await server.stop()
 
     asyncio.run(main())
+
+
+def test_audio_receivers_release_each_packet_as_it_arrives():
+    from aiortc.jitterbuffer import JitterBuffer
+    from aiortc.rtp import RtpPacket
+
+    from transports.webrtc.peer import AudioJitterBuffer, shorten_jitter_buffers
+
+    async def main():
+        caller, answerer = RTCPeerConnection(), RTCPeerConnection()
+        caller.addTrack(SineTrack())
+        await caller.setLocalDescription(await caller.createOffer())
+        await answerer.setRemoteDescription(caller.localDescription)
+        (transceiver,) = answerer.getTransceivers()
+        before = transceiver.receiver._RTCRtpReceiver__jitter_buffer
+        assert shorten_jitter_buffers(answerer)
+        after = transceiver.receiver._RTCRtpReceiver__jitter_buffer
+        await caller.close()
+        await answerer.close()
+        return before, after
+
+    before, after = asyncio.run(main())
+    assert type(before) is JitterBuffer and before._prefetch == 4  # aiortc's: 80 ms
+    assert isinstance(after, AudioJitterBuffer) and after.capacity == before.capacity
+
+    def packet(seq: int) -> RtpPacket:
+        p = RtpPacket(payload_type=111, sequence_number=seq, timestamp=seq * 960)
+        p._data = bytes([seq % 256])
+        return p
+
+    buf = AudioJitterBuffer(capacity=16)
+    got = [buf.add(packet(s))[1] for s in (100, 101, 102)]
+    assert [f.data for f in got] == [b"d", b"e", b"f"]  # each at once, in order
+    assert buf.add(packet(104))[1] is None  # 103 is missing: 104 waits for it a little
+    assert buf.add(packet(105))[1].data == b"h"  # two waiting: 103 is lost, 104 goes
+    assert buf.add(packet(106))[1].data == b"i"
+    assert buf.add(packet(103))[1] is None  # too late: dropped, as aiortc drops misordered ones
+    assert buf.add(packet(107))[1].data == b"j"

@@ -28,3 +28,34 @@ def test_get_waits_for_the_next_message():
         return await asyncio.wait_for(waiter, 1)
 
     assert asyncio.run(main()) == "hello"
+
+
+def test_agent_audio_starts_at_once_with_a_lead_then_goes_in_real_time():
+    import numpy as np
+
+    from agent.playout import Playout
+    from transports.websocket.call import LEAD_FRAMES, pace_playout
+
+    async def main():
+        playout = Playout(lambda frame: None)
+        box = Outbox(max_audio=100)
+        pacer = asyncio.create_task(pace_playout(playout, box))
+        await asyncio.sleep(0.035)  # quiet: nothing is sent, the pacer waits between ticks
+        assert len(box) == 0
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        playout.write(np.ones(320 * 20, np.int16), last=True)  # 400 ms, between two ticks
+        for _ in range(5):
+            await asyncio.sleep(0)
+        lead, lead_s = len(box), loop.time() - t0
+        await asyncio.sleep(0.2)
+        later = len(box)
+        pacer.cancel()
+        await asyncio.gather(pacer, return_exceptions=True)
+        return lead, lead_s, later, playout.on_ready
+
+    lead, lead_s, later, hook = asyncio.run(main())
+    assert lead == LEAD_FRAMES and lead_s < 0.015  # at once, not at the next 20-ms tick
+    # then one frame per 20 ms: about 10 more in 200 ms, never the whole 400 ms at once
+    assert LEAD_FRAMES + 6 <= later <= LEAD_FRAMES + 12
+    assert hook is None  # the pacer unhooks itself when it stops

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.session import Session
@@ -33,6 +34,56 @@ MAX_PENDING_EVENTS = 256
 MAX_CHANNEL_BUFFER = 256 * 1024
 # a browser that got its answer but never connects (ICE failed without saying so) is let go
 CONNECT_TIMEOUT_S = 30.0
+
+
+# aiortc holds each received audio packet until 4 more have arrived (80 ms) before decoding it.
+# A voice agent hears the end of every turn that much later. An audio packet is a whole Opus
+# frame, so the next one in sequence can be decoded the moment it arrives; a lost packet stalls
+# the buffer until it overflows exactly as it does at aiortc's depth. The browser's jitter
+# buffer handles the other direction.
+class AudioJitterBuffer(JitterBuffer):
+    """Releases each audio packet as soon as it is next in sequence. A missing packet is given
+    up for lost once ``LOSS_AFTER`` later ones are waiting (40 ms), so a loss costs a short
+    stall, not the 16-packet overflow aiortc's own buffer waits for."""
+
+    LOSS_AFTER = 2
+
+    def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
+        if self._origin is None:
+            return None
+        cap = self.capacity
+        skip = 0
+        while skip < cap and self._packets[(self._origin + skip) % cap] is None:
+            skip += 1
+        if skip == cap:
+            return None
+        if skip:
+            waiting = sum(
+                self._packets[(self._origin + k) % cap] is not None for k in range(skip, cap)
+            )
+            if waiting < self.LOSS_AFTER:
+                return None
+            self.remove(skip)  # the missing ones are lost
+        packet = self._packets[self._origin % cap]
+        assert packet is not None
+        self.remove(1)
+        return JitterFrame(data=packet._data, timestamp=packet.timestamp)  # noqa: SLF001
+
+
+def shorten_jitter_buffers(pc: RTCPeerConnection) -> bool:
+    """Give every audio receiver of ``pc`` an :class:`AudioJitterBuffer`; False (and aiortc's
+    own kept, with a warning) where this aiortc version has no buffer where we expect it."""
+    done = False
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        current = getattr(receiver, "_RTCRtpReceiver__jitter_buffer", None)
+        if transceiver.kind != "audio" or type(current) is not JitterBuffer:
+            continue
+        receiver._RTCRtpReceiver__jitter_buffer = AudioJitterBuffer(capacity=current.capacity)  # noqa: SLF001
+        done = True
+    if not done:
+        log.warning("aiortc's receive jitter buffer was not found: audio keeps its 80-ms depth")
+    return done
 
 
 class WebRTCCall:
@@ -66,6 +117,7 @@ class WebRTCCall:
         self.events = CallEvents(self.session, self._send_event)
         self.events.emit(ready_event(self.session))
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=kind))
+        shorten_jitter_buffers(self.pc)
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         self._spawn(self._watch_connect())

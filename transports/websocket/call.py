@@ -121,17 +121,50 @@ class WebSocketCall:
         await pace_playout(self.session.playout, self.outbox)
 
 
+# The first frames of each stretch of agent audio go out at once: the page then holds this
+# much audio ahead of its playhead, so network jitter up to it costs no gap, and the page can
+# start playback with a 10-ms margin instead of waiting out a jitter buffer.
+LEAD_FRAMES = 3
+
+
 async def pace_playout(playout: Playout, outbox: Outbox) -> None:
-    """Pull one 20 ms frame of agent audio per tick, on an absolute schedule (no drift)."""
+    """Send agent audio in real time, one 20 ms frame per tick on an absolute schedule (no
+    drift). A stretch of audio starts the moment it arrives (not at the next tick) with a lead
+    of ``LEAD_FRAMES`` frames sent at once."""
     loop = asyncio.get_running_loop()
+    ready = asyncio.Event()
+    playout.on_ready = ready.set
     due = loop.time()
-    while True:
-        pcm = playout.pull()
-        if pcm is not None:
-            outbox.put_audio(codec.encode_audio(pcm))
-        due += FRAME_S
-        delay = due - loop.time()
-        if delay < -5 * FRAME_S:
-            due = loop.time()  # the loop stalled: resync instead of sending a burst
-            delay = 0.0
-        await asyncio.sleep(max(delay, 0.0))
+    talking = False
+    try:
+        while True:
+            pcm = playout.pull()
+            if pcm is None:
+                talking = False
+            else:
+                outbox.put_audio(codec.encode_audio(pcm))
+                if not talking:
+                    talking = True
+                    for _ in range(LEAD_FRAMES - 1):
+                        more = playout.pull()
+                        if more is None:
+                            break
+                        outbox.put_audio(codec.encode_audio(more))
+            due += FRAME_S
+            delay = due - loop.time()
+            if delay < -5 * FRAME_S:
+                due = loop.time()  # the loop stalled: resync instead of sending a burst
+                delay = 0.0
+            if talking:
+                await asyncio.sleep(max(delay, 0.0))
+                continue
+            # Quiet: wake at the next tick, or as soon as audio arrives.
+            ready.clear()
+            timer = loop.call_later(max(delay, 0.0), ready.set)
+            await ready.wait()
+            timer.cancel()
+            now = loop.time()
+            if now < due - 0.001:
+                due = now  # audio arrived between ticks: the schedule starts now
+    finally:
+        playout.on_ready = None
