@@ -27,7 +27,7 @@ class VADConfig:
     threshold: float = 0.5  # speech starts when the probability rises above this
     neg_threshold: float = 0.35  # ... and pauses when it falls below this
     start_ms: int = 64  # speech must last this long before SpeechStarted
-    stop_ms: int = 300  # silence that turns a pause into SpeechStopped
+    stop_ms: int = 300  # silence after the voice stopped that turns a pause into SpeechStopped
     pad_ms: int = 160  # audio kept before the detected start of speech
     threads: int = 1  # onnxruntime intra-op threads
 

@@ -166,9 +166,16 @@ def main() -> int:
     print("  server RSS (MB) over time: " + ", ".join(f"{t:.0f}s {m:.1f}" for t, m in rss))
     growth = rss[-1][1] - rss[min(1, len(rss) - 1)][1]
     print(f"  RSS growth after the first sample: {growth:+.1f} MB")
+    # Each call keeps its last 32 turns (one every 3 s with the tone agent: full after 96 s), so
+    # per-call state stops growing by design after that; the second half shows whether anything
+    # else does.
+    half = next((m for t, m in rss if t >= args.seconds / 2), rss[-1][1])
+    late = rss[-1][1] - half
+    print(f"  RSS growth over the second half: {late:+.1f} MB")
     print(json.dumps({"benchmark": "browser_calls", "calls": args.calls, "seconds": args.seconds,
                       "agent": args.agent, **s, "errors": res["errors"], "server": res["server"],
-                      "rss_mb": rss, "rss_growth_mb": round(growth, 1)}))
+                      "rss_mb": rss, "rss_growth_mb": round(growth, 1),
+                      "rss_growth_second_half_mb": round(late, 1)}))
     return 0 if not res["errors"] and not s["dropped_calls"] else 1
 
 

@@ -32,6 +32,7 @@ _INT16_SCALE = np.float32(1.0 / 32768.0)
 LOUD_DB = 35.0
 LOUD_FLOOR = 1e-3
 _LOUD_RATIO_SQ = 10 ** (-LOUD_DB / 10)
+STOP_LEAD_WINDOWS = 3  # the stop silence may start at most this much before Silero's pause
 
 
 def silero_model_path() -> Path:
@@ -151,8 +152,9 @@ class VADStage(Stage):
     Every ``AudioIn`` is forwarded at once and unchanged; the events it triggers follow it.
     Speech starts after ``start_ms`` of windows at or above ``threshold`` (``SpeechStarted.at`` is
     the first of them). In speech, the first window below ``neg_threshold`` sends
-    ``SpeechPaused``; if no window reaches ``threshold`` again within ``stop_ms``, ``SpeechStopped``
-    follows with ``at`` where the speech ended. A window costs about 0.2 ms, so the model runs
+    ``SpeechPaused``; if no window reaches ``threshold`` again within ``stop_ms`` of where the
+    voice stopped (the last frame within 35 dB of the utterance's loudest, at most 3 windows
+    before the pause), ``SpeechStopped`` follows with ``at`` where the speech ended. A window costs about 0.2 ms, so the model runs
     inline. ``model``, if given, is this stream's model (e.g. ``shared.fork()``); it is reset.
     ``SpeechStarted.at`` is where the VAD heard speech begin; keeping ``pad_ms`` of audio
     before it is the consumer's business (the ASR).
@@ -308,14 +310,24 @@ class VADStage(Stage):
         else:
             self._maybe_stop(end)
 
+    def _voice_ended(self) -> bool:
+        """Whether the last loud frame belongs to this utterance and ends by its last speech window."""
+        return self._started_at <= self._loud_end <= self._speech_end + WINDOW and self._loud_ns > 0
+
     def _maybe_stop(self, end: int) -> None:
         assert self._paused_at is not None
-        if end - self._paused_at >= self._stop_samples:
+        # ``stop_ms`` of silence counts from where the voice stopped: Silero's pause comes a
+        # window or three later. Never more than STOP_LEAD_WINDOWS earlier than that pause, so a
+        # soft-spoken tail (speech to Silero, quiet to the 35-dB rule) is not cut short.
+        quiet_from = self._paused_at
+        if self._voice_ended():
+            quiet_from = max(min(quiet_from, self._loud_end), quiet_from - STOP_LEAD_WINDOWS * WINDOW)
+        if end - quiet_from >= self._stop_samples:
             self._stop(self._paused_at)
             self._reset_speech()
 
     def _stop(self, at: int) -> None:
         end_ns = self._speech_end_ns
-        if self._started_at <= self._loud_end <= self._speech_end + WINDOW and self._loud_ns:
+        if self._voice_ended():
             end_ns = min(end_ns, self._loud_ns)  # the voice itself stopped before the VAD said so
         self.push(SpeechStopped(at, started_at=self._started_at, speech_end_ns=end_ns), DOWN)

@@ -274,6 +274,16 @@ def test_speech_end_time_is_where_the_voice_stopped(model: SileroModel, three_cl
     out = run(VADStage(VADConfig(), model=model), pcm)
     stops = [f for f in out if isinstance(f, SpeechStopped)]
     assert len(stops) == len(spans)
+    # ... and the turn ends stop_ms after that (to within a window and a frame), not stop_ms
+    # after Silero's later pause.
+    decided = []
+    for f in out:
+        if isinstance(f, AudioIn):
+            last_end = f.end
+        elif isinstance(f, SpeechStopped):
+            decided.append(last_end)
+    for at, (_, end) in zip(decided, spans, strict=True):
+        assert end + 300 * SR // 1000 - 320 <= at <= end + 300 * SR // 1000 + WINDOW + 320, (at, end)
     for stop, (_, end) in zip(stops, spans, strict=True):
         frame_index = stop.speech_end_ns - 1  # run() stamps each frame with its index + 1
         frame_end = (frame_index + 1) * 320
@@ -330,7 +340,9 @@ def test_audio_is_forwarded_first_and_events_right_after_their_trigger(
         elif isinstance(f, SpeechStopped):
             assert paused_at == f.at  # the pause came first, at the same sample
             paused_at = None
-            assert f.at + stop_need <= last_audio.end < f.at + stop_need + WINDOW + 320
+            # stop_ms after the voice stopped: up to 3 windows before the pause, never later
+            lead = 3 * WINDOW
+            assert f.at + stop_need - lead <= last_audio.end < f.at + stop_need + WINDOW + 320
             # speech_end_ns is the arrival time of the frame where the voice stopped: never
             # after the frame that held the VAD's last speech sample (the energy end can be
             # earlier; test_speech_end_time_is_where_the_voice_stopped pins it down).
