@@ -24,6 +24,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,7 @@ def main() -> int:
     for _ in range(args.turns):
         parts += [clip, args.gap]
     results = {}
+    wall_offset_ns = time.time_ns() - time.monotonic_ns()
     with tempfile.TemporaryDirectory() as tmp:
         mic = write_mic(Path(tmp) / "mic.wav", *parts, 10.0)
         for transport in args.transports.split(","):
@@ -65,12 +67,23 @@ def main() -> int:
             state, _, _ = asyncio.run(browser_call(
                 session_factory(models), mic, transport, until,
                 f"voxline-latency-{transport}.png", timeout_s=timeout))
-            trace = [t["spans"]["voice_to_voice"]["ms"] for t in state["traces"]
+            turns = [t for t in state["traces"]
                      if t["kind"] == "turn" and t["complete"] and "voice_to_voice" in t["spans"]]
+            trace = [t["spans"]["voice_to_voice"]["ms"] for t in turns]
             page = [float(x) for x in state["voiceToVoiceMs"]]
             n = min(len(trace), len(page))
             added = [page[i] - trace[i] for i in range(n)]
+            # The server runs in this process: its monotonic stamps become wall-clock times, to
+            # split what was added into the way up (voice end in the page -> that frame's
+            # arrival) and the way down (first agent frame sent -> heard in the page).
+            up, down = [], []
+            for t, (voice_end, heard) in zip(turns, state["voiceToVoiceAt"]):
+                arrived = (t["t0_ns"] + wall_offset_ns) / 1e6
+                sent = arrived + t["spans"]["voice_to_voice"]["ms"]
+                up.append(arrived - voice_end)
+                down.append(heard - sent)
             results[transport] = {"page_ms": page, "trace_ms": trace, "added_ms": added,
+                                  "uplink_ms": up, "downlink_ms": down,
                                   "browser_jitter_buffer_ms": state.get("jitterBufferMs")}
     print(f"{'transport':10} {'turns':>5} {'page p50':>9} {'page p95':>9} {'trace p50':>10} "
           f"{'added p50':>10} {'added p95':>10}")
@@ -78,6 +91,11 @@ def main() -> int:
         print(f"{name:10} {len(r['page_ms']):5d} {pct(r['page_ms'], 50):9.0f} "
               f"{pct(r['page_ms'], 95):9.0f} {pct(r['trace_ms'], 50):10.0f} "
               f"{pct(r['added_ms'], 50):10.0f} {pct(r['added_ms'], 95):10.0f}")
+    print("of which, on this machine's wall clock (page performance.timeOrigin vs the server's "
+          "time.time_ns): ")
+    for name, r in results.items():
+        print(f"  {name:8} way up p50 {pct(r['uplink_ms'], 50):6.0f} ms, "
+              f"way down p50 {pct(r['downlink_ms'], 50):6.0f} ms")
     for name, r in results.items():
         if r["browser_jitter_buffer_ms"] is not None:
             print(f"{name}: the browser's receive jitter buffer held agent audio "

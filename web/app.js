@@ -13,7 +13,7 @@ const withToken = (path) => (token ? `${path}?token=${encodeURIComponent(token)}
 const state = window.voxline = {
   status: 'idle', transport: null, session: null, events: 0, finals: [], partial: '',
   replies: [], traces: [], interrupts: 0, errors: [], micFrames: 0, agentChunks: 0,
-  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [], jitterBufferMs: null,
+  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [], voiceToVoiceAt: [], jitterBufferMs: null,
 };
 
 let call = null;  // the live call's handles, null when idle
@@ -171,6 +171,8 @@ function watchLevels(ctx, micSource, agentOut) {
       // the agent starting while the caller still speaks is not a voice-to-voice turn
       if (!agentOn && lastVoice && lastVoice > agentQuietSince && start - lastVoice >= 40) {
         state.voiceToVoiceMs.push(Math.round(start - lastVoice));
+        // both ends on the wall clock, so a server on this machine can split the time
+        state.voiceToVoiceAt.push([performance.timeOrigin + lastVoice, performance.timeOrigin + start]);
       }
       agentOn = true; agentQuietSince = 0;
     } else if (agentOn) { agentOn = false; agentQuietSince = now; }

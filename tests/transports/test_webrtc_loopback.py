@@ -168,7 +168,7 @@ def test_inbound_audio_is_cut_into_whole_20ms_frames_at_16k():
         out.extend(got)
     assert all(len(f) == 320 and f.dtype == np.int16 for f in out)
     # Every packet yields its frame at once: no sample waits for the next packet.
-    assert per_packet == [1] * 10 and inbound._n == 0
+    assert per_packet == [1] * 10 and inbound.held == 0
     assert abs(int(out[-1][160]) - 1000) < 50
 
 

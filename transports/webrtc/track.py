@@ -14,13 +14,18 @@ from aiortc.mediastreams import MediaStreamError
 
 from agent.frames import FRAME_SAMPLES, SAMPLE_RATE
 from agent.playout import Playout
+from transports.webrtc.inbound import AlignedResampler
 
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
-TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+OPUS_RATE = 48_000
+OPUS_FRAME = FRAME_SAMPLES * OPUS_RATE // SAMPLE_RATE  # 960: one 20-ms Opus frame
+TIME_BASE = fractions.Fraction(1, OPUS_RATE)
 
 
 class PlayoutTrack(MediaStreamTrack):
-    """16 kHz mono frames; aiortc's Opus encoder resamples them to 48 kHz itself. Silence is sent
+    """The playout's 16 kHz frames, sent as 48 kHz stereo 20-ms frames: exactly what aiortc's
+    Opus encoder wants, so each frame is encoded and sent at once. Given 16 kHz mono, aiortc's
+    own resampler falls one frame short and every packet leaves 20 ms late. Silence is sent
     while the agent is quiet, so the browser's jitter buffer stays primed."""
 
     kind = "audio"
@@ -29,6 +34,7 @@ class PlayoutTrack(MediaStreamTrack):
         super().__init__()
         self.playout = playout
         self._silence = np.zeros((1, FRAME_SAMPLES), dtype=np.int16)
+        self._up = AlignedResampler("stereo", OPUS_RATE, OPUS_FRAME)
         self._pts = 0
         self._due = 0.0
         self.frames_out = 0
@@ -45,11 +51,15 @@ class PlayoutTrack(MediaStreamTrack):
         self._due += FRAME_S
         pcm = self.playout.pull()
         data = self._silence if pcm is None else pcm.reshape(1, -1)
-        frame = av.AudioFrame.from_ndarray(data, format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
+        mono = av.AudioFrame.from_ndarray(data, format="s16", layout="mono")
+        mono.sample_rate = SAMPLE_RATE
+        up = list(self._up.feed(mono))
+        stereo = up[-1] if up else np.zeros(OPUS_FRAME * 2, np.int16)  # never after the first
+        frame = av.AudioFrame.from_ndarray(stereo.reshape(1, -1), format="s16", layout="stereo")
+        frame.sample_rate = OPUS_RATE
         frame.pts = self._pts
         frame.time_base = TIME_BASE
-        self._pts += FRAME_SAMPLES
+        self._pts += OPUS_FRAME
         if pcm is not None:
             # aiortc encodes and sends this frame as soon as recv returns
             self.playout.sent(time.monotonic_ns())
