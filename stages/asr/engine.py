@@ -80,12 +80,13 @@ class ASREngine:
         self._queue: deque[Request] = deque()
         self._cv = threading.Condition()
         self._closed = False
-        # On a backend whose batch costs what its parts cost (Whisper on CPU), a final shares
-        # its batch with no partial: the partials would only make it wait.
-        self.finals_alone = bool(getattr(backend, "linear_batch_cost", False))
         # One worker thread per backend call the backend runs at once (its ``workers``): each
         # gathers and runs its own batch, so a final need not wait for a batch of partials.
         self.lanes = max(1, int(getattr(backend, "workers", 1)))
+        # On a backend whose batch costs what its parts cost (Whisper on CPU), a final shares
+        # its batch with no partial when another lane can take the partials: they would only
+        # make it wait. (With one lane this measured worse: the partials then wait instead.)
+        self.finals_alone = bool(getattr(backend, "linear_batch_cost", False)) and self.lanes > 1
         self._threads = [
             threading.Thread(target=self._work, name=f"asr-engine-{i}", daemon=True)
             for i in range(self.lanes)

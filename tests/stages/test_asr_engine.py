@@ -106,6 +106,27 @@ def test_finals_go_before_older_partials_and_order_holds_within_each():
     assert be.batches == [[1], [30, 50], [10, 20], [40]]
 
 
+def test_a_final_batches_alone_on_a_linear_cost_backend_with_two_lanes():
+    async def run(linear: bool, workers: int):
+        be = Recording(delay=0.2)
+        be.linear_batch_cost, be.workers = linear, workers
+        eng = ASREngine(be, capacity=8, window_ms=1, max_batch=4)
+        assert eng.lanes == workers and eng.finals_alone == (linear and workers > 1)
+        slots = [eng.open() for _ in range(5)]
+        busy = [eng.submit(slots[i], np.zeros(i + 1, np.float32)) for i in range(workers)]
+        await asyncio.sleep(0.05)  # the engine is busy: what follows queues up
+        futs = [eng.submit(slots[2], np.zeros(10, np.float32)),
+                eng.submit(slots[3], np.zeros(30, np.float32), final=True),
+                eng.submit(slots[4], np.zeros(20, np.float32))]
+        await asyncio.gather(*busy, *futs)
+        eng.close()
+        return [b for b in be.batches if min(b) >= 10]  # leave out the busy-making ones
+
+    assert sorted(asyncio.run(run(True, 2))) == [[10, 20], [30]]
+    assert asyncio.run(run(False, 2)) == [[30, 10, 20]]  # batching pays: one batch for all
+    assert asyncio.run(run(True, 1)) == [[30, 10, 20]]  # no other lane for the partials
+
+
 def test_stale_partials_are_dropped_finals_never():
     async def main():
         be = Recording(delay=0.3)
