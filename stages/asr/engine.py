@@ -2,7 +2,8 @@
 
 Sessions submit transcription requests for their slot's utterance audio; a dedicated worker
 thread gathers the requests of all sessions for a short window (or until the batch is full) and
-runs ONE batched backend call for them. Two guards: ``window_ms`` bounds how long the first
+runs ONE batched backend call for them — one such thread (a lane) per backend call the backend
+runs at once (its ``workers``; one per CPU thread for Whisper). Two guards: ``window_ms`` bounds how long the first
 request of a batch waits for company, and ``max_latency_ms`` bounds a partial's total age — a
 partial older than that is dropped (a newer one supersedes it) so an overloaded engine sheds
 stale work instead of falling further behind. Finals are never dropped and go first; within
