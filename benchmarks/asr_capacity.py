@@ -32,6 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from emit import emit  # noqa: E402
+
 from agent.config import ASRConfig, VADConfig  # noqa: E402
 from agent.frames import AudioIn, Direction, Frame, SpeechStopped, Transcript  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402
@@ -241,9 +243,7 @@ def main() -> int:
             if k in cap:
                 res[f"ratio_{k.replace('-', '_')}_vs_naive"] = cap[k] / cap["naive"]
                 print(f"{k} / naive: {cap[k] / cap['naive']:.1f}x")
-    print(json.dumps(res))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=2))
+    emit(res, args.json_out)
     return 0
 
 

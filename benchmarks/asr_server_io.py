@@ -32,6 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from emit import emit  # noqa: E402
+
 from agent.runtime import run  # noqa: E402
 from stages.asr import wire  # noqa: E402
 from stages.asr.backend import Hypothesis  # noqa: E402
@@ -345,9 +347,7 @@ def main() -> int:
         return 0
     r = run(bench(args))
     print(table(r))
-    print(json.dumps({"benchmark": "asr_server_io", **r}))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"benchmark": "asr_server_io", **r}, indent=2))
+    emit({"benchmark": "asr_server_io", **r}, args.json_out)
     ok = r["threads_constant"] and r["dropped_idle"] == 0 and r["idle_answered"] == r["idle"]
     return 0 if ok else 1
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import sys
 import time
@@ -25,6 +24,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from emit import emit  # noqa: E402
+
 CLIP = ROOT / "tests" / "data" / "ls-dev-clean-1988-24833-0000.wav"
 
 
@@ -139,6 +140,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=120.0)
+    ap.add_argument("--json-out")
     ap.add_argument("--every", type=float, default=10.0, help="RSS sampling interval (s)")
     ap.add_argument("--agent", choices=["tone", "embedded"], default="tone")
     args = ap.parse_args()
@@ -172,10 +174,10 @@ def main() -> int:
     half = next((m for t, m in rss if t >= args.seconds / 2), rss[-1][1])
     late = rss[-1][1] - half
     print(f"  RSS growth over the second half: {late:+.1f} MB")
-    print(json.dumps({"benchmark": "browser_calls", "calls": args.calls, "seconds": args.seconds,
+    emit({"benchmark": "browser_calls", "calls": args.calls, "seconds": args.seconds,
                       "agent": args.agent, **s, "errors": res["errors"], "server": res["server"],
                       "rss_mb": rss, "rss_growth_mb": round(growth, 1),
-                      "rss_growth_second_half_mb": round(late, 1)}))
+                      "rss_growth_second_half_mb": round(late, 1)}, args.json_out)
     return 0 if not res["errors"] and not s["dropped_calls"] else 1
 
 

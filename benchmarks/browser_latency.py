@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
+from emit import emit  # noqa: E402
 from test_browser_call import CLIP, browser_call, read_clip, session_factory, write_mic  # noqa: E402
 
 
@@ -45,6 +45,7 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--gap", type=float, default=7.0, help="silence after each utterance (s)")
     ap.add_argument("--transports", default="ws,webrtc")
+    ap.add_argument("--json-out")
     args = ap.parse_args()
 
     from agent.config import Config
@@ -77,7 +78,7 @@ def main() -> int:
             # split what was added into the way up (voice end in the page -> that frame's
             # arrival) and the way down (first agent frame sent -> heard in the page).
             up, down = [], []
-            for t, (voice_end, heard) in zip(turns, state["voiceToVoiceAt"]):
+            for t, (voice_end, heard) in zip(turns, state["voiceToVoiceAt"], strict=False):
                 arrived = (t["t0_ns"] + wall_offset_ns) / 1e6
                 sent = arrived + t["spans"]["voice_to_voice"]["ms"]
                 up.append(arrived - voice_end)
@@ -100,7 +101,7 @@ def main() -> int:
         if r["browser_jitter_buffer_ms"] is not None:
             print(f"{name}: the browser's receive jitter buffer held agent audio "
                   f"{r['browser_jitter_buffer_ms']} ms on average (getStats inbound-rtp)")
-    print(json.dumps({"benchmark": "browser_latency", "turns": args.turns, "results": results}))
+    emit({"benchmark": "browser_latency", "turns": args.turns, "results": results}, args.json_out)
     return 0
 
 

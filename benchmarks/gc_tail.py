@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from emit import emit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -84,9 +86,7 @@ def main() -> int:
     a, b = res["no freeze"], res["gc.freeze()"]
     res["max_ratio"] = a["max_us"] / max(b["max_us"], 1e-9)
     print(f"worst tick: {a['max_us'] / 1000:.1f} ms without freeze vs {b['max_us'] / 1000:.2f} ms with it")
-    print(json.dumps(res))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=2))
+    emit(res, args.json_out)
     return 0
 
 

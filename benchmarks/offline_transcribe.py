@@ -22,6 +22,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from emit import emit  # noqa: E402
+
 from agent.config import ASRConfig, VADConfig  # noqa: E402
 from stages.asr.offline import transcribe_files  # noqa: E402
 from stages.asr.wer import corpus_wer  # noqa: E402
@@ -60,7 +62,7 @@ def main() -> int:
             best = (wall, out)
     wall, out = best
     res["voxline"] = {"rtfx": total / wall, "wall_s": wall,
-                      "wer": corpus_wer(list(zip(refs, [r.text for r in out])))}
+                      "wer": corpus_wer(list(zip(refs, [r.text for r in out], strict=True)))}
 
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
@@ -80,7 +82,7 @@ def main() -> int:
             best = (wall, texts)
     wall, texts = best
     res["faster_whisper_batched"] = {"rtfx": total / wall, "wall_s": wall,
-                                     "wer": corpus_wer(list(zip(refs, texts)))}
+                                     "wer": corpus_wer(list(zip(refs, texts, strict=True)))}
     res["rtfx_ratio"] = res["voxline"]["rtfx"] / res["faster_whisper_batched"]["rtfx"]
     print(f"{len(audios)} clips, {total:.0f} s of audio; Whisper tiny.en int8, {args.threads} threads, "
           f"beam 1, batch {args.batch_size}; best of {args.repeat}")
@@ -89,9 +91,7 @@ def main() -> int:
         r = res[k]
         print(f"{k:<28}{r['rtfx']:>8.1f}{r['wall_s']:>9.2f}{r['wer']:>8.2%}")
     print(f"voxline / faster-whisper RTFx: {res['rtfx_ratio']:.2f}x")
-    print(json.dumps(res))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=2))
+    emit(res, args.json_out)
     return 0
 
 

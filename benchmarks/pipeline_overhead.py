@@ -21,6 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from emit import emit  # noqa: E402
+
 from agent.frames import AudioIn, Direction  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402
 from agent.stage import Stage  # noqa: E402
@@ -185,9 +187,7 @@ def main() -> int:
     for k, v in result.items():
         if k.startswith("ratio"):
             print(f"{k}: {v:.1f}x")
-    print(json.dumps(result))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2))
+    emit(result, args.json_out)
     return 0
 
 

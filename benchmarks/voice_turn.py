@@ -21,6 +21,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from emit import emit  # noqa: E402
+
 from agent.commands.run import play_call  # noqa: E402
 from agent.config import Config, add_config_flags, config_from_args  # noqa: E402
 from agent.presets import load_models  # noqa: E402
@@ -112,9 +114,7 @@ def main() -> int:
     wl = res["wer_librispeech"]
     print(f"WER LibriSpeech clips: {wl:.2%} ({res['ref_words_librispeech']} words)" if wl is not None else "")
     print(f"WER all clips: {res['wer_all']:.2%}")
-    print(json.dumps({k: v for k, v in res.items() if k != "per_clip"}))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=2))
+    emit(res, args.json_out, line={k: v for k, v in res.items() if k != "per_clip"})
     return 0
 
 

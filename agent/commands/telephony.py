@@ -30,10 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sip.add_argument("--media-address", default="", metavar="IP",
                      help="address put in the SDP answer (default: --host)")
     sip.add_argument("--max-calls", type=int, default=100, help="concurrent calls (default 100)")
-    sip.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
-    sip.add_argument("--trace", metavar="TRACE.jsonl", help="latency trace to write (JSON lines)")
-    add_config_flags(sip)
-    sip.set_defaults(func=main_sip)
+    _add_call_output_flags(sip, main_sip)
 
     tw = sub.add_parser(
         "twilio",
@@ -46,10 +43,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tw.add_argument("--port", type=int, default=8080, help="HTTP/WebSocket port (default 8080)")
     tw.add_argument("--public-url", default="", metavar="URL",
                     help="the public https:// address Twilio reaches this server at")
-    tw.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
-    tw.add_argument("--trace", metavar="TRACE.jsonl", help="latency trace to write (JSON lines)")
-    add_config_flags(tw)
-    tw.set_defaults(func=main_twilio)
+    _add_call_output_flags(tw, main_twilio)
+
+
+def _add_call_output_flags(p: argparse.ArgumentParser, func: object) -> None:
+    """What both telephony commands share: --json, --trace, the config flags, the entry point."""
+    p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    p.add_argument("--trace", metavar="TRACE.jsonl", help="latency trace to write (JSON lines)")
+    add_config_flags(p)
+    p.set_defaults(func=func)
 
 
 def _port_range(text: str) -> tuple[int, int]:

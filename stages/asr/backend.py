@@ -35,6 +35,11 @@ class ASRBackend(Protocol):
     ``transcribe_batch`` receives float32 mono audio at ``sample_rate`` (values in [-1, 1]) and
     returns one :class:`Hypothesis` per buffer, in order. It blocks: callers run it on a worker
     thread, never on the event loop. ``max_batch`` is the largest batch it takes at once.
+
+    Two optional attributes tell the engine how to schedule: ``workers`` (default 1), how many
+    ``transcribe_batch`` calls the backend runs at once (the engine gives each a worker
+    thread); ``linear_batch_cost`` (default False), true when a batch costs about what its
+    buffers cost one by one (Whisper on CPU), so a final is better off in a batch of its own.
     """
 
     name: str

@@ -157,29 +157,23 @@ class ASREngine:
                     break
                 self._cv.wait(left / 1e9)
             now = time.monotonic_ns()
-            batch: list[Request] = []
-            rest: deque[Request] = deque()
+            live: list[Request] = []
+            for r in self._queue:
+                if r.slot.generation != r.generation or (
+                    not r.final and now - r.enqueued_ns > self.max_latency_ns
+                ):
+                    self.stats.dropped_stale += 1
+                    r.loop.call_soon_threadsafe(_resolve, r.future, None)
+                else:
+                    live.append(r)
             # Finals first (a caller waits for the answer), then partials; oldest first within
-            # each. A stream has one request outstanding at most, so partials wait behind at
-            # most one final per stream, and a partial that waited too long is shed.
-            for want_final in (True, False):
-                if not want_final and batch and self.finals_alone:
-                    rest.extend(r for r in self._queue if not r.final)
-                    break
-                for r in self._queue:
-                    if r.final is not want_final:
-                        continue
-                    if r.slot.generation != r.generation or (
-                        not r.final and now - r.enqueued_ns > self.max_latency_ns
-                    ):
-                        self.stats.dropped_stale += 1
-                        r.loop.call_soon_threadsafe(_resolve, r.future, None)
-                    elif len(batch) < self.max_batch:
-                        batch.append(r)
-                    else:
-                        rest.append(r)
-            rest = deque(sorted(rest, key=_age))
-            self._queue = rest
+            # each (the queue is in arrival order). A stream has one request outstanding at
+            # most, so partials wait behind at most one final per stream.
+            batch = [r for r in live if r.final][: self.max_batch]
+            if not (batch and self.finals_alone):
+                batch += [r for r in live if not r.final][: self.max_batch - len(batch)]
+            taken = set(batch)
+            self._queue = deque(r for r in live if r not in taken)
             return batch
 
     def _work(self) -> None:
@@ -208,12 +202,8 @@ class ASREngine:
                 st.batches += 1
                 st.requests += len(batch)
                 st.batch_sizes[len(batch)] = st.batch_sizes.get(len(batch), 0) + 1
-            for r, h in zip(batch, hyps):
+            for r, h in zip(batch, hyps, strict=True):
                 r.loop.call_soon_threadsafe(_resolve, r.future, h)
-
-
-def _age(r: Request) -> int:
-    return r.enqueued_ns
 
 
 def _resolve(fut: asyncio.Future, value: object) -> None:

@@ -175,7 +175,7 @@ def test_a_batch_gives_the_same_text_as_each_stream_alone(whisper):
     async def run(batching):
         eng = ASREngine(whisper, capacity=4, window_ms=50, batching=batching)
         slots = [eng.open() for _ in audio]
-        hyps = await asyncio.gather(*(eng.submit(s, a, final=True) for s, a in zip(slots, audio)))
+        hyps = await asyncio.gather(*(eng.submit(s, a, final=True) for s, a in zip(slots, audio, strict=True)))
         stats = eng.stats
         eng.close()
         return [h.text for h in hyps], stats

@@ -6,7 +6,14 @@ from pathlib import Path
 import numpy as np
 
 from agent.config import VADConfig
-from stages.asr.offline import RATE, WINDOW, chunk_regions, speech_regions, vad_probs, vad_probs_many
+from stages.asr.offline import (
+    RATE,
+    WINDOW,
+    chunk_regions,
+    speech_regions,
+    vad_probs,
+    vad_probs_many,
+)
 from stages.asr.wer import wer
 from transports.audio_file import read_wav, write_wav
 
@@ -53,7 +60,7 @@ def test_batched_vad_of_many_files_and_long_pieces_matches_one_file_at_a_time():
             # The cuts agree to within one 32-ms window at each end.
             ra, rm = speech_regions(a), speech_regions(m)
             assert len(ra) == len(rm)
-            assert all(abs(x - y) <= WINDOW for p, q in zip(ra, rm, strict=True) for x, y in zip(p, q))
+            assert all(abs(x - y) <= WINDOW for p, q in zip(ra, rm, strict=True) for x, y in zip(p, q, strict=True))
 
 
 def test_transcribe_cli_writes_json_per_file(tmp_path):

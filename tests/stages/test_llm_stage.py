@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from stage_harness import StageHarness
 
 from agent.config import AgentConfig, LLMConfig
 from agent.frames import (
@@ -18,9 +19,6 @@ from agent.frames import (
     Transcript,
     UserTurnEnded,
 )
-from agent.pipeline import Pipeline
-from agent.stage import StageContext
-from agent.trace import Trace
 from stages.llm.local import LocalLLM
 from stages.llm.stage import LLMStage
 
@@ -35,34 +33,9 @@ def llm() -> LocalLLM:
     return model
 
 
-class Harness:
+class Harness(StageHarness):
     def __init__(self, llm: LocalLLM, agent: AgentConfig | None = None) -> None:
-        self.frames: list[Frame] = []
-        self.stage = LLMStage(llm, llm.cfg, agent or AgentConfig())
-        self.pipeline = Pipeline([self.stage], on_output=self._out)
-        self.trace = Trace()
-        self.ctx = StageContext(trace=self.trace)
-        self.changed = asyncio.Event()
-
-    def _out(self, frame: Frame) -> None:
-        self.frames.append(frame)
-        self.changed.set()
-
-    async def __aenter__(self) -> Harness:
-        await self.pipeline.start(self.ctx)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.pipeline.stop()
-        await self.ctx.cancel_all()
-
-    async def until(self, predicate, timeout: float = 60.0) -> None:  # noqa: ANN001
-        async def wait() -> None:
-            while not predicate(self.frames):
-                self.changed.clear()
-                await self.changed.wait()
-
-        await asyncio.wait_for(wait(), timeout)
+        super().__init__(LLMStage(llm, llm.cfg, agent or AgentConfig()), timeout=60.0)
 
     def of(self, kind: type) -> list:  # noqa: ANN401
         return [f for f in self.frames if isinstance(f, kind)]

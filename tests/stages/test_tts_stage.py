@@ -7,12 +7,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from stage_harness import StageHarness
 
 from agent.config import TTSConfig
 from agent.frames import Direction, Frame, Interrupt, LLMEnd, TextToSpeak, TTSAudio
-from agent.pipeline import Pipeline
-from agent.stage import StageContext
-from agent.trace import Trace
 from stages.tts.espeak import EspeakTTS
 from stages.tts.piper import PiperTTS
 from stages.tts.stage import TTSStage
@@ -52,34 +50,9 @@ class CountingTTS:
         self.inner.warmup()
 
 
-class Harness:
+class Harness(StageHarness):
     def __init__(self, tts: object, chunk_ms: int = 20) -> None:
-        self.frames: list[Frame] = []
-        self.stage = TTSStage(tts, TTSConfig(chunk_ms=chunk_ms))  # type: ignore[arg-type]
-        self.pipeline = Pipeline([self.stage], on_output=self._out)
-        self.trace = Trace()
-        self.ctx = StageContext(trace=self.trace)
-        self.changed = asyncio.Event()
-
-    def _out(self, frame: Frame) -> None:
-        self.frames.append(frame)
-        self.changed.set()
-
-    async def __aenter__(self) -> Harness:
-        await self.pipeline.start(self.ctx)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.pipeline.stop()
-        await self.ctx.cancel_all()
-
-    async def until(self, predicate, timeout: float = 20.0) -> None:  # noqa: ANN001
-        async def wait() -> None:
-            while not predicate(self.frames):
-                self.changed.clear()
-                await self.changed.wait()
-
-        await asyncio.wait_for(wait(), timeout)
+        super().__init__(TTSStage(tts, TTSConfig(chunk_ms=chunk_ms)))  # type: ignore[arg-type]
 
     def lasts(self) -> list[TTSAudio]:
         return [f for f in self.frames if isinstance(f, TTSAudio) and f.last]

@@ -47,6 +47,15 @@ async def _wait(pred, timeout=10.0):
             await asyncio.sleep(0.02)
 
 
+async def _offer(server, pc) -> tuple[int, dict | None]:
+    """Send ``pc``'s offer to the server's /offer: the status and the answer (if 200)."""
+    await pc.setLocalDescription(await pc.createOffer())
+    async with aiohttp.ClientSession() as http:
+        r = await http.post(f"http://127.0.0.1:{server.port}/offer",
+                            json={"sdp": pc.localDescription.sdp, "type": "offer"})
+        return r.status, (await r.json() if r.status == 200 else None)
+
+
 def test_webrtc_call_audio_both_ways_events_and_hangup(new_session, pool):
     async def main():
         use_loopback_ice()
@@ -68,12 +77,8 @@ def test_webrtc_call_audio_both_ways_events_and_hangup(new_session, pool):
                 heard.extend(inbound.feed(frame))
 
         pc.on("track", lambda track: asyncio.ensure_future(listen(track)))
-        await pc.setLocalDescription(await pc.createOffer())
-        async with aiohttp.ClientSession() as http:
-            r = await http.post(f"http://127.0.0.1:{server.port}/offer",
-                                json={"sdp": pc.localDescription.sdp, "type": "offer"})
-            assert r.status == 200
-            answer = await r.json()
+        status, answer = await _offer(server, pc)
+        assert status == 200
         assert "a=candidate" in answer["sdp"]
         await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
 
@@ -109,11 +114,7 @@ def test_a_peer_that_vanishes_frees_its_session(new_session, pool):
         pc = RTCPeerConnection(rtc_configuration())
         pc.createDataChannel("events")
         pc.addTrack(SineTrack())
-        await pc.setLocalDescription(await pc.createOffer())
-        async with aiohttp.ClientSession() as http:
-            r = await http.post(f"http://127.0.0.1:{server.port}/offer",
-                                json={"sdp": pc.localDescription.sdp, "type": "offer"})
-            answer = await r.json()
+        _, answer = await _offer(server, pc)
         await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
         await _wait(lambda: new_session.sessions[0].agent.frames > 10)
         await pc.close()  # no hang-up message: the peer is just gone
@@ -184,11 +185,8 @@ def test_a_browser_that_never_connects_is_let_go(new_session, pool, monkeypatch)
         pc = RTCPeerConnection(rtc_configuration())
         pc.createDataChannel("events")
         pc.addTrack(SineTrack())
-        await pc.setLocalDescription(await pc.createOffer())
-        async with aiohttp.ClientSession() as http:
-            r = await http.post(f"http://127.0.0.1:{server.port}/offer",
-                                json={"sdp": pc.localDescription.sdp, "type": "offer"})
-            assert r.status == 200  # ... but the answer is never applied
+        status, _ = await _offer(server, pc)
+        assert status == 200  # ... but the answer is never applied
         assert len(server.calls) == 1 and len(pool.free) == 63
         await _wait(lambda: not server.calls)
         assert len(pool.free) == 64 and new_session.sessions[0].closed
