@@ -30,7 +30,8 @@ SessionFactory = Callable[[], Session]
 
 class VoiceServer:
     """``max_calls`` bounds the calls served at once (each holds an ASR slot and a pipeline);
-    a call beyond it is refused with a clear error, never queued."""
+    a call beyond it is refused with a clear error, never queued. ``webrtc_ptime_ms`` is the
+    packet time of the agent's WebRTC audio (None: the track's default, 20 ms)."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class VoiceServer:
         web_root: Path = WEB_ROOT,
         max_calls: int = 64,
         ice_servers: Sequence[str] = (),
+        webrtc_ptime_ms: int | None = None,
     ) -> None:
         self.new_session = new_session
         self.host = host
@@ -49,6 +51,7 @@ class VoiceServer:
         self.web_root = web_root
         self.max_calls = max_calls
         self.ice_servers = tuple(ice_servers)
+        self.webrtc_ptime_ms = webrtc_ptime_ms
         self.loopback = is_loopback(host)
         self.calls: dict[str, Any] = {}  # session id -> WebSocketCall | WebRTCCall
         self.served = 0
@@ -172,7 +175,9 @@ class VoiceServer:
             use_loopback_ice()
             sdp = keep_loopback_candidates(sdp)
         session = self._open_session()
-        call = WebRTCCall(session, rtc_configuration(self.ice_servers), on_closed=self._rtc_closed)
+        options = {} if self.webrtc_ptime_ms is None else {"ptime_ms": self.webrtc_ptime_ms}
+        call = WebRTCCall(session, rtc_configuration(self.ice_servers), on_closed=self._rtc_closed,
+                          **options)
         self.calls[session.id] = call
         try:
             answer = await call.answer(sdp)

@@ -13,7 +13,10 @@ const withToken = (path) => (token ? `${path}?token=${encodeURIComponent(token)}
 const state = window.voxline = {
   status: 'idle', transport: null, session: null, events: 0, finals: [], partial: '',
   replies: [], traces: [], interrupts: 0, errors: [], micFrames: 0, agentChunks: 0,
-  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [], voiceToVoiceAt: [], jitterBufferMs: null,
+  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [], voiceToVoiceMsAt: [], jitterBufferMs: null,
+  // WebRTC only: the same turns timed where WebAudio's analyser hears the agent (see startWebRTC)
+  voiceToVoiceWebAudioMs: [], voiceToVoiceWebAudioMsAt: [], rtp: null,
+  micClock: 'analyser',  // where the caller's voice end is timed: 'capture' or 'analyser'
 };
 
 let call = null;  // the live call's handles, null when idle
@@ -126,10 +129,74 @@ function onEvent(ev) {
 
 // --- levels: the agent meter and the page-side voice-to-voice measurement --------------------------
 // Voice-to-voice as the page hears it: from where the microphone's voice stopped (the last 5-ms
-// block within 35 dB of the loudest the microphone has carried, as the server's VAD clocks it)
-// to the first agent audio the page plays. The analysers hold more than one polling interval of
-// audio, so every block is seen and both ends are placed to 5 ms, not to the 20-ms poll.
-function watchLevels(ctx, micSource, agentOut) {
+// block within 35 dB of the loudest the microphone has carried, as the server's VAD clocks it),
+// timed at capture, to the first agent audio the page plays: over WebSocket where WebAudio plays
+// it (an analyser holding more than one polling interval, so every 5-ms block is seen), over
+// WebRTC where the receiver hands it to the playing element (to its 10-ms chunk).
+const AGENT_AUDIBLE = 0.005;  // RMS of a 5-ms block (-46 dBFS)
+const voiceLevel = () => Math.max(0.001, state.micMaxRms * 0.0178);  // -35 dB under the loudest
+
+// The caller's voice end timed at capture: a copy of the microphone track read frame by frame
+// (MediaStreamTrackProcessor; each AudioData is stamped when captured, on the page's clock in
+// Chromium), 5-ms blocks against the 35-dB rule. Returns the copy (stop it on hang-up), or null
+// where the browser lacks the API and the analyser must stand in.
+function watchCapture(track, clocks) {
+  if (typeof MediaStreamTrackProcessor === 'undefined') return null;
+  const copy = track.clone();
+  const reader = new MediaStreamTrackProcessor({ track: copy }).readable.getReader();
+  state.micClock = 'capture';
+  let buf = new Float32Array(0);
+  (async () => {
+    for (;;) {
+      let r;
+      try { r = await reader.read(); } catch { return; }
+      if (r.done) return;
+      const d = r.value;
+      const n = d.numberOfFrames, rate = d.sampleRate;
+      if (buf.length < n) buf = new Float32Array(n);
+      d.copyTo(buf, { planeIndex: 0, format: 'f32-planar' });
+      // a stamp off the page's clock (another browser's origin) falls back to the arrival time
+      const now = performance.now();
+      const stamped = d.timestamp / 1000;
+      const t0 = Math.abs(now - stamped) < 1000 ? stamped : now - (1000 * n) / rate;
+      d.close();
+      const block = Math.round(rate * 0.005);
+      for (let i = 0; i + block <= n; i += block) {
+        let e = 0;
+        for (let k = i; k < i + block; k++) e += buf[k] * buf[k];
+        const rms = Math.sqrt(e / block);
+        state.micMaxRms = Math.max(state.micMaxRms, rms);
+        if (rms >= voiceLevel()) for (const c of clocks) c.voice(t0 + (1000 * (i + block)) / rate);
+      }
+    }
+  })();
+  return copy;
+}
+
+// Pairs the caller's voice end with the start of the agent audio that follows it. `into` names
+// the state arrays the turn lands in (ms, and both ends on the wall clock so a server on this
+// machine can split the time).
+function turnClock(into) {
+  let lastVoice = 0, agentOn = false, agentQuietSince = 0;
+  return {
+    voice(t) { lastVoice = Math.max(lastVoice, t); },
+    agent(audible, start, now) {
+      if (audible) {
+        // the agent starting while the caller still speaks is not a voice-to-voice turn
+        if (!agentOn && lastVoice && lastVoice > agentQuietSince && start - lastVoice >= 40) {
+          state[into].push(Math.round(start - lastVoice));
+          state[`${into}At`].push([performance.timeOrigin + lastVoice, performance.timeOrigin + start]);
+        }
+        agentOn = true; agentQuietSince = 0;
+      } else if (agentOn) { agentOn = false; agentQuietSince = now; }
+    },
+  };
+}
+
+// The analysers: the agent meter, the agent's start for clocks that hear it in WebAudio, and —
+// only where the browser cannot read the microphone's own frames (see watchCapture) — the
+// caller's voice end, which WebAudio's analyser sees some 20-30 ms after capture.
+function watchLevels(ctx, micSource, agentOut, voiceClocks, agentClocks) {
   const size = ctx.sampleRate > 24000 ? 2048 : 1024;
   const mic = ctx.createAnalyser(); mic.fftSize = size; micSource.connect(mic);
   const agent = ctx.createAnalyser(); agent.fftSize = size; agentOut.connect(agent);
@@ -150,32 +217,25 @@ function watchLevels(ctx, micSource, agentOut) {
     return Math.sqrt(s / 256);
   };
   const blockEndMs = (now, b) => now - (blocks - b - 1) * block * msPerSample;
-  let lastVoice = 0, agentOn = false, agentQuietSince = 0;
   const canvas = $('meter').getContext('2d');
   return setInterval(() => {
     const now = performance.now();
     const m = measure(mic);
     let loudest = 0;
     for (let b = 0; b < blocks; b++) loudest = Math.max(loudest, levels[b]);
-    state.micMaxRms = Math.max(state.micMaxRms, loudest);
-    const voice = Math.max(0.001, state.micMaxRms * 0.0178);  // -35 dB
-    for (let b = blocks - 1; b >= 0; b--) {
-      if (levels[b] >= voice) { lastVoice = Math.max(lastVoice, blockEndMs(now, b)); break; }
+    if (voiceClocks.length) {
+      state.micMaxRms = Math.max(state.micMaxRms, loudest);
+      const voice = voiceLevel();
+      for (let b = blocks - 1; b >= 0; b--) {
+        if (levels[b] >= voice) { for (const c of voiceClocks) c.voice(blockEndMs(now, b)); break; }
+      }
     }
     const a = measure(agent);
     let first = -1;
-    for (let b = 0; b < blocks; b++) if (levels[b] > 0.005) { first = b; break; }
+    for (let b = 0; b < blocks; b++) if (levels[b] > AGENT_AUDIBLE) { first = b; break; }
     state.agentMaxRms = Math.max(state.agentMaxRms, a);
-    if (first >= 0) {
-      const start = blockEndMs(now, first) - block * msPerSample;
-      // the agent starting while the caller still speaks is not a voice-to-voice turn
-      if (!agentOn && lastVoice && lastVoice > agentQuietSince && start - lastVoice >= 40) {
-        state.voiceToVoiceMs.push(Math.round(start - lastVoice));
-        // both ends on the wall clock, so a server on this machine can split the time
-        state.voiceToVoiceAt.push([performance.timeOrigin + lastVoice, performance.timeOrigin + start]);
-      }
-      agentOn = true; agentQuietSince = 0;
-    } else if (agentOn) { agentOn = false; agentQuietSince = now; }
+    const start = first >= 0 ? blockEndMs(now, first) - block * msPerSample : 0;
+    for (const c of agentClocks) c.agent(first >= 0, start, now);
     canvas.fillStyle = '#f1f3f6'; canvas.fillRect(0, 0, 160, 28);
     canvas.fillStyle = '#0f766e'; canvas.fillRect(0, 0, Math.min(160, a * 800), 28);
   }, 20);
@@ -219,9 +279,11 @@ async function startWebSocket(stream) {
     if (call && call.ws === ws) finish(e.code === 1000 || e.code === 1005 ? 'ended' : 'failed', e.reason);
   };
   ws.onerror = () => showError('WebSocket error');
-  const timer = watchLevels(ctx, src, out);
+  const clock = turnClock('voiceToVoiceMs');
+  const micCopy = watchCapture(stream.getAudioTracks()[0], [clock]);
+  const timer = watchLevels(ctx, src, out, micCopy ? [] : [clock], [clock]);
   return {
-    ws, ctx, timer,
+    ws, ctx, timer, micCopy,
     flushPlayback() { for (const n of playing) n.stop(); playing.clear(); playHead = 0; },
     hangup() {
       if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'hangup' }));
@@ -234,19 +296,26 @@ async function startWebSocket(stream) {
 async function startWebRTC(stream) {
   const ctx = new AudioContext();
   if (ctx.state !== 'running') await ctx.resume();
-  const out = ctx.createGain(); out.connect(ctx.destination);
+  // The agent is heard through a media element, which plays the track as it leaves Chromium's
+  // jitter buffer. Routed through WebAudio instead, it would wait ~30 ms more in the hand-off
+  // between the two (measured; benchmarks/RESULTS.md). WebAudio only listens, for the meter.
+  // (Chromium feeds a remote WebRTC stream to WebAudio only while an element plays it anyway:
+  // crbug 933677.)
+  const out = ctx.createGain();
+  const sink = ctx.createGain(); sink.gain.value = 0;
+  out.connect(sink).connect(ctx.destination);  // keeps the meter's analyser pulled, silently
   const pc = new RTCPeerConnection({ iceServers: [] });
   const dc = pc.createDataChannel('events');
   dc.onmessage = (e) => onEvent(JSON.parse(e.data));
   for (const t of stream.getAudioTracks()) pc.addTrack(t, stream);
   let element = null;
+  let receiver = null;
   pc.ontrack = (e) => {
     const remote = e.streams[0] || new MediaStream([e.track]);
-    // Chromium feeds a remote WebRTC stream to WebAudio only while a media element also plays
-    // it (crbug 933677); the element is muted so the audio is heard once, through WebAudio.
-    element = new Audio(); element.srcObject = remote; element.muted = true;
+    element = new Audio(); element.srcObject = remote;
     element.play().catch((err) => showError(`audio element: ${err}`));
     ctx.createMediaStreamSource(remote).connect(out);
+    receiver = e.receiver;
     state.agentChunks++;
   };
   pc.onconnectionstatechange = () => {
@@ -266,19 +335,43 @@ async function startWebRTC(stream) {
   });
   if (!r.ok) { pc.close(); throw new Error(`offer refused: ${r.status} ${(await r.text()).trim()}`); }
   await pc.setRemoteDescription(await r.json());
-  const timer = watchLevels(ctx, ctx.createMediaStreamSource(stream), out);
-  // The browser's receive jitter buffer: how long agent audio waits in it on average
-  // (inbound-rtp jitterBufferDelay / jitterBufferEmittedCount), for the latency budget.
+  // Voice-to-voice ends where the element starts playing the agent: the receiver reports, for
+  // each 10-ms chunk it hands to the track, when, and the level of the packet it came from (the
+  // RTP audio-level extension the server sets from the frame it encodes). Polled faster than
+  // chunks are played, so an onset is placed to its chunk; a late poll only ever reads later.
+  // The analyser's view (the agent heard inside WebAudio) is kept beside it for comparison.
+  const playout = turnClock('voiceToVoiceMs');
+  const inWebAudio = turnClock('voiceToVoiceWebAudioMs');
+  const micCopy = watchCapture(stream.getAudioTracks()[0], [playout, inWebAudio]);
+  const timer = watchLevels(ctx, ctx.createMediaStreamSource(stream), out,
+                            micCopy ? [] : [playout, inWebAudio], [inWebAudio]);
+  const playoutTimer = setInterval(() => {
+    if (!receiver) return;
+    const now = performance.now();
+    for (const s of receiver.getSynchronizationSources()) {
+      if (s.audioLevel === undefined) continue;
+      // a 20-ms packet's RMS: half the 5-ms block threshold when only one of its blocks is loud
+      playout.agent(s.audioLevel > AGENT_AUDIBLE / 2, s.timestamp - performance.timeOrigin, now);
+    }
+  }, 4);
+  // The browser's receive jitter buffer, for the latency budget: how long agent audio waited
+  // in it on average, what it aimed for, the interarrival jitter and what it concealed.
   const statsTimer = setInterval(async () => {
     if (pc.connectionState !== 'connected') return;
-    (await pc.getStats()).forEach((r) => {
-      if (r.type === 'inbound-rtp' && r.kind === 'audio' && r.jitterBufferEmittedCount) {
-        state.jitterBufferMs = Math.round(1000 * r.jitterBufferDelay / r.jitterBufferEmittedCount);
-      }
+    (await pc.getStats()).forEach((s) => {
+      if (s.type !== 'inbound-rtp' || s.kind !== 'audio' || !s.jitterBufferEmittedCount) return;
+      const perSample = (x) => (x === undefined ? null : Math.round(1000 * x / s.jitterBufferEmittedCount));
+      state.jitterBufferMs = perSample(s.jitterBufferDelay);
+      state.rtp = {
+        jitterBufferMs: state.jitterBufferMs, targetMs: perSample(s.jitterBufferTargetDelay),
+        jitterMs: s.jitter === undefined ? null : Math.round(1000 * s.jitter * 10) / 10,
+        concealedMs: Math.round(1000 * (s.concealedSamples || 0) / 48000),
+        packetsLost: s.packetsLost, packetsReceived: s.packetsReceived,
+      };
     });
   }, 1000);
   return {
-    pc, ctx, timer, statsTimer,
+    pc, ctx, timer, statsTimer, playoutTimer, micCopy,
     // the server flushes its queue on barge-in; what Chromium's jitter buffer holds is < 100 ms
     flushPlayback() {},
     hangup() {
@@ -312,7 +405,9 @@ function finish(status, reason) {
   if (!c) return;
   clearInterval(c.timer);
   if (c.statsTimer) clearInterval(c.statsTimer);
+  if (c.playoutTimer) clearInterval(c.playoutTimer);
   for (const t of c.stream.getTracks()) t.stop();
+  if (c.micCopy) c.micCopy.stop();
   setTimeout(() => c.ctx.close(), 200);
   if (reason) showError(reason);
   $('you').classList.remove('on'); $('agent').classList.remove('on');

@@ -109,15 +109,16 @@ PAGE_FACTS = """() => ({
 
 
 async def browser_call(new_session, mic_wav: Path, transport: str, until: str, shot: str,
-                       timeout_s: float = 90.0) -> tuple[dict, dict, object]:
+                       timeout_s: float = 90.0,
+                       server_options: dict | None = None) -> tuple[dict, dict, object]:
     """One call from the page: Call, wait for ``until`` (JS over ``v = window.voxline``),
     screenshot, Hang up. Returns the page's state, facts read off the page's DOM and the
-    server (after the hang-up)."""
+    server (after the hang-up). ``server_options`` go to the VoiceServer."""
     from playwright.async_api import async_playwright
 
     from transports.server import VoiceServer
 
-    server = VoiceServer(new_session, port=0)
+    server = VoiceServer(new_session, port=0, **(server_options or {}))
     await server.start()
     profile = tempfile.mkdtemp(prefix="voxline-chromium-")
     page_errors: list[str] = []
@@ -162,7 +163,8 @@ def test_browser_call_transcribes_answers_and_plays_the_agent(models, transport,
 
     name, reference = CLIP
     mic = write_mic(tmp_path / "mic.wav", 0.8, read_clip(name), 14.0)
-    until = ANSWERED + " && document.querySelectorAll('#waterfall .turn').length > 0"
+    until = (ANSWERED + " && document.querySelectorAll('#waterfall .turn').length > 0"
+             " && v.voiceToVoiceMs.length > 0")
     state, facts, server = asyncio.run(browser_call(
         session_factory(models), mic, transport, until, f"voxline-browser-{transport}.png"))
     heard = " ".join(state["finals"])
@@ -173,6 +175,10 @@ def test_browser_call_transcribes_answers_and_plays_the_agent(models, transport,
     assert set(SPANS) <= set(turn["spans"])
     assert set(SPANS) <= set(facts["spans"])  # the waterfall drew a bar for every span
     assert server.served == 1 and not server.calls  # the hang-up freed the call
+    # the page timed the turn itself: from the caller's voice end at capture to the agent's
+    # first audible audio where it plays it, which cannot come before the server answered
+    assert state["micClock"] == "capture"
+    assert turn["spans"]["voice_to_voice"]["ms"] < state["voiceToVoiceMs"][0] < 5000
     print(f"\n[{transport}] heard {heard!r}; reply {state['replies'][0]['text']!r}; "
           f"voice-to-voice (trace) {turn['spans']['voice_to_voice']['ms']:.0f} ms; "
           f"page-measured {state['voiceToVoiceMs']} ms")

@@ -62,7 +62,7 @@ def test_webrtc_call_audio_both_ways_events_and_hangup(new_session, pool):
         server = VoiceServer(new_session, port=0)
         await server.start()
         pc = RTCPeerConnection(rtc_configuration())
-        events, heard = [], []
+        events, heard, sizes = [], [], set()
         channel = pc.createDataChannel("events")
         channel.on("message", lambda m: events.append(json.loads(m)))
         pc.addTrack(SineTrack())
@@ -74,6 +74,7 @@ def test_webrtc_call_audio_both_ways_events_and_hangup(new_session, pool):
                     frame = await track.recv()
                 except MediaStreamError:
                     return
+                sizes.add(frame.samples)
                 heard.extend(inbound.feed(frame))
 
         pc.on("track", lambda track: asyncio.ensure_future(listen(track)))
@@ -95,6 +96,8 @@ def test_webrtc_call_audio_both_ways_events_and_hangup(new_session, pool):
 
         await _wait(agent_tone_heard)  # the agent's 440 Hz reached us through Opus
         assert len(server.calls) == 1 and len(pool.free) == 63
+        # the agent's audio left in low-delay Opus, one 20-ms packet at a time
+        assert next(iter(server.calls.values())).low_delay_opus and sizes == {960}
         session = new_session.sessions[0]
 
         channel.send(json.dumps({"type": "hangup"}))

@@ -23,7 +23,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from agent.session import Session
 from transports.call_events import CallEvents, ready_event
 from transports.webrtc.inbound import InboundAudio
-from transports.webrtc.track import PlayoutTrack
+from transports.webrtc.track import PTIME_MS, PlayoutTrack, use_low_delay_opus
 from transports.websocket import codec
 
 log = logging.getLogger("voxline.webrtc")
@@ -92,10 +92,12 @@ class WebRTCCall:
         session: Session,
         configuration: RTCConfiguration,
         on_closed: Callable[[WebRTCCall], None] | None = None,
+        ptime_ms: int = PTIME_MS,
     ) -> None:
         self.session = session
         self.pc = RTCPeerConnection(configuration=configuration)
-        self.track = PlayoutTrack(session.playout)
+        self.track = PlayoutTrack(session.playout, ptime_ms)
+        self.low_delay_opus = False
         self.channel: RTCDataChannel | None = None
         self.events: CallEvents | None = None
         self.frames_in = 0
@@ -118,8 +120,12 @@ class WebRTCCall:
         self.events.emit(ready_event(self.session))
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=kind))
         shorten_jitter_buffers(self.pc)
-        self.pc.addTrack(self.track)
+        sender = self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.sender is sender and transceiver._codecs:  # noqa: SLF001
+                self.low_delay_opus = use_low_delay_opus(
+                    sender, transceiver._codecs[0].mimeType, self.track.ptime_ms)  # noqa: SLF001
         self._spawn(self._watch_connect())
         return self.pc.localDescription
 
