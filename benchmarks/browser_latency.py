@@ -63,8 +63,9 @@ def split(turns: list[dict], page_ms: list, page_at: list, wall_offset_ns: int) 
         sent = arrived + t["spans"]["voice_to_voice"]["ms"]
         up.append(arrived - voice_end)
         down.append(heard - sent)
-    return {"page_ms": page, "trace_ms": trace, "added_ms": [page[i] - trace[i] for i in range(n)],
-            "uplink_ms": up, "downlink_ms": down}
+    return {"page_ms": page[:n], "trace_ms": trace[:n],
+            "added_ms": [page[i] - trace[i] for i in range(n)],
+            "uplink_ms": up[:n], "downlink_ms": down[:n]}
 
 
 def main() -> int:
