@@ -64,7 +64,7 @@ class Pipeline:
         self._head = _Head(on_upstream)
         self._tail = _Tail(on_output)
         chain = [self._head, *self.stages, self._tail]
-        for a, b in zip(chain, chain[1:]):
+        for a, b in zip(chain, chain[1:], strict=False):
             a.link(b)
         self.branch_stages: list[Stage] = []
         for at, branch in (branches or {}).items():

@@ -99,7 +99,7 @@ def draw_waterfall(records: list[dict[str, Any]], png: str | Path, max_turns: in
     if not turns:
         raise VoxlineError("the trace has no turns with spans to draw")
     order = [n for n in SPAN_ORDER if n != "partial_lag"]
-    colors = dict(zip(order, plt.get_cmap("tab10").colors))
+    colors = dict(zip(order, plt.get_cmap("tab10").colors, strict=False))
     rows = [(t, name, s) for t in turns for name, s in t["spans"].items()]
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(rows) + 1.5))
     labels = []

@@ -144,7 +144,7 @@ async def run_level(setup: str, n: int, backend, vad_base, cfg: ASRConfig, clips
     else:
         pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="naive")
     callers = []
-    for i in range(n):
+    for _ in range(n):
         trace = Trace()
         meter = Meter()
         asr = StreamingASR(engine, cfg) if engine is not None else NaiveASR(backend, cfg, pool)
@@ -175,7 +175,7 @@ async def run_level(setup: str, n: int, backend, vad_base, cfg: ASRConfig, clips
     await asyncio.sleep(2.0)  # let the last finals land
     finals, lags, shed = [], [], 0
     calls = 0
-    for p, ctx, trace, meter, asr, _ in callers:
+    for p, ctx, trace, meter, _asr, _ in callers:
         finals += meter.final_ms
         lags += trace.partial_lags_ms
         await p.stop()

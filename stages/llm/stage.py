@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from contextlib import aclosing
 
 from agent.config import AgentConfig, LLMConfig
@@ -92,10 +93,8 @@ class LLMStage(QueuedStage):
         audio (a local LLM's generation pauses with its consumer)."""
         if self._speaking or self.agent.first_audio_wait_ms <= 0:
             return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._spoke.wait(), self.agent.first_audio_wait_ms / 1000)
-        except TimeoutError:
-            pass
 
     async def start(self, ctx: StageContext) -> None:
         await super().start(ctx)

@@ -55,7 +55,7 @@ def test_run_transcribes_answers_and_traces(call):
     replies = [e["text"] for e in events if e["type"] == "agent_text" and e["text"].strip()]
     assert replies, "the agent said nothing"
     turns = [e for e in events if e["type"] == "trace" and e["kind"] == "turn" and e["complete"]]
-    assert turns and SPANS <= set(turns[0]["spans"])
+    assert turns and set(turns[0]["spans"]) >= SPANS
     v2v = turns[0]["spans"]["voice_to_voice"]
     assert 0 < v2v["ms"] < 10_000 and v2v["start_ms"] == 0.0
     assert events[-1]["type"] == "summary" and events[-1]["turns"] >= 1
@@ -75,7 +75,7 @@ def test_run_transcribes_answers_and_traces(call):
     # the trace file has every span and the report reads it
     records = [json.loads(x) for x in trace.read_text().splitlines()]
     assert records[-1]["type"] == "session"
-    assert SPANS <= set(next(x for x in records if x["type"] == "turn")["spans"])
+    assert set(next(x for x in records if x["type"] == "turn")["spans"]) >= SPANS
     rep = voxline("trace", "report", str(trace))
     assert rep.returncode == 0 and "voice_to_voice" in rep.stdout
 

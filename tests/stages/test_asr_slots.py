@@ -44,7 +44,7 @@ def test_append_view_trim_and_overflow():
 def test_no_leak_after_a_thousand_cycles():
     pool = SlotPool(capacity=4, max_seconds=0.5)
     ids = set()
-    for i in range(1000):
+    for _ in range(1000):
         s = pool.acquire()
         ids.add(id(s.audio))
         s.append(np.ones(320, np.int16))

@@ -115,7 +115,7 @@ def test_a_long_first_sentence_is_cut_after_the_word_limit():
 
     agg = SentenceAggregator(min_first_chunk_words=3, max_first_chunk_words=6)
     out = []
-    for tok in "Kittens settle in quickly when they feel safe and loved. Then they sleep a lot. ".split(" "):
+    for tok in ["Kittens", "settle", "in", "quickly", "when", "they", "feel", "safe", "and", "loved.", "Then", "they", "sleep", "a", "lot.", ""]:
         out += agg.feed(tok + " ")
     rest = agg.flush()
     # cut before "when" (a conjunction after three words), then sentences only
