@@ -154,10 +154,10 @@ class VADStage(Stage):
     the first of them). In speech, the first window below ``neg_threshold`` sends
     ``SpeechPaused``; if no window reaches ``threshold`` again within ``stop_ms`` of where the
     voice stopped (the last frame within 35 dB of the utterance's loudest, at most 3 windows
-    before the pause), ``SpeechStopped`` follows with ``at`` where the speech ended. A window costs about 0.2 ms, so the model runs
-    inline. ``model``, if given, is this stream's model (e.g. ``shared.fork()``); it is reset.
-    ``SpeechStarted.at`` is where the VAD heard speech begin; keeping ``pad_ms`` of audio
-    before it is the consumer's business (the ASR).
+    before the pause), ``SpeechStopped`` follows with ``at`` where the speech ended. A window
+    costs about 0.2 ms, so the model runs inline. ``model``, if given, is this stream's model
+    (e.g. ``shared.fork()``); it is reset. ``SpeechStarted.at`` is where the VAD heard speech
+    begin; keeping ``pad_ms`` of audio before it is the consumer's business (the ASR).
     """
 
     name = "vad"

@@ -13,7 +13,7 @@ const withToken = (path) => (token ? `${path}?token=${encodeURIComponent(token)}
 const state = window.voxline = {
   status: 'idle', transport: null, session: null, events: 0, finals: [], partial: '',
   replies: [], traces: [], interrupts: 0, errors: [], micFrames: 0, agentChunks: 0,
-  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [], voiceToVoiceMsAt: [], jitterBufferMs: null,
+  agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [], voiceToVoiceMsAt: [],
   // WebRTC only: the same turns timed where WebAudio's analyser hears the agent (see startWebRTC)
   voiceToVoiceWebAudioMs: [], voiceToVoiceWebAudioMsAt: [], rtp: null,
   micClock: 'analyser',  // where the caller's voice end is timed: 'capture' or 'analyser'
@@ -198,14 +198,16 @@ function turnClock(into) {
 // caller's voice end, which WebAudio's analyser sees some 20-30 ms after capture.
 function watchLevels(ctx, micSource, agentOut, voiceClocks, agentClocks) {
   const size = ctx.sampleRate > 24000 ? 2048 : 1024;
-  const mic = ctx.createAnalyser(); mic.fftSize = size; micSource.connect(mic);
+  let mic = null;
+  if (voiceClocks.length) { mic = ctx.createAnalyser(); mic.fftSize = size; micSource.connect(mic); }
   const agent = ctx.createAnalyser(); agent.fftSize = size; agentOut.connect(agent);
   const buf = new Float32Array(size);
   const block = Math.round(ctx.sampleRate * 0.005);
   const blocks = Math.floor(size / block);
   const levels = new Float32Array(blocks);
   const msPerSample = 1000 / ctx.sampleRate;
-  const measure = (an) => {  // RMS of each 5-ms block (the newest last) and of the newest 16 ms
+  // RMS of each 5-ms block (the newest last); returns that of the newest 256 samples (the meter)
+  const measure = (an) => {
     an.getFloatTimeDomainData(buf);
     for (let b = 0; b < blocks; b++) {
       let s = 0;
@@ -220,10 +222,10 @@ function watchLevels(ctx, micSource, agentOut, voiceClocks, agentClocks) {
   const canvas = $('meter').getContext('2d');
   return setInterval(() => {
     const now = performance.now();
-    const m = measure(mic);
-    let loudest = 0;
-    for (let b = 0; b < blocks; b++) loudest = Math.max(loudest, levels[b]);
-    if (voiceClocks.length) {
+    if (mic) {
+      measure(mic);
+      let loudest = 0;
+      for (let b = 0; b < blocks; b++) loudest = Math.max(loudest, levels[b]);
       state.micMaxRms = Math.max(state.micMaxRms, loudest);
       const voice = voiceLevel();
       for (let b = blocks - 1; b >= 0; b--) {
@@ -343,8 +345,9 @@ async function startWebRTC(stream) {
   const playout = turnClock('voiceToVoiceMs');
   const inWebAudio = turnClock('voiceToVoiceWebAudioMs');
   const micCopy = watchCapture(stream.getAudioTracks()[0], [playout, inWebAudio]);
-  const timer = watchLevels(ctx, ctx.createMediaStreamSource(stream), out,
-                            micCopy ? [] : [playout, inWebAudio], [inWebAudio]);
+  const timer = micCopy
+    ? watchLevels(ctx, null, out, [], [inWebAudio])
+    : watchLevels(ctx, ctx.createMediaStreamSource(stream), out, [playout, inWebAudio], [inWebAudio]);
   const playoutTimer = setInterval(() => {
     if (!receiver) return;
     const now = performance.now();
@@ -361,9 +364,8 @@ async function startWebRTC(stream) {
     (await pc.getStats()).forEach((s) => {
       if (s.type !== 'inbound-rtp' || s.kind !== 'audio' || !s.jitterBufferEmittedCount) return;
       const perSample = (x) => (x === undefined ? null : Math.round(1000 * x / s.jitterBufferEmittedCount));
-      state.jitterBufferMs = perSample(s.jitterBufferDelay);
       state.rtp = {
-        jitterBufferMs: state.jitterBufferMs, targetMs: perSample(s.jitterBufferTargetDelay),
+        jitterBufferMs: perSample(s.jitterBufferDelay), targetMs: perSample(s.jitterBufferTargetDelay),
         jitterMs: s.jitter === undefined ? null : Math.round(1000 * s.jitter * 10) / 10,
         concealedMs: Math.round(1000 * (s.concealedSamples || 0) / 48000),
         packetsLost: s.packetsLost, packetsReceived: s.packetsReceived,

@@ -105,7 +105,8 @@ class PlayoutTrack(MediaStreamTrack):
         # silence goes out one packet at a time, so agent audio that turns up waits at most one
         self._silence = np.zeros((1, SAMPLE_RATE * ptime_ms // 1000), dtype=np.int16)
         self._up = AlignedResampler("mono", OPUS_RATE, self.frame_samples)
-        self._ready: deque[tuple[np.ndarray, bool]] = deque()  # (48 kHz frame, starts agent audio)
+        # 48 kHz packets waiting to go, each with whether it opens a frame of agent audio
+        self._ready: deque[tuple[np.ndarray, bool]] = deque()
         self._pts = 0
         self._due = 0.0
         self.frames_out = 0
@@ -135,13 +136,13 @@ class PlayoutTrack(MediaStreamTrack):
         self._due += self.frame_s
         if not self._ready:
             self._refill()
-        samples, starts_audio = self._ready.popleft()
+        samples, opens_frame = self._ready.popleft()
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OPUS_RATE
         frame.pts = self._pts
         frame.time_base = TIME_BASE
         self._pts += self.frame_samples
-        if starts_audio:
+        if opens_frame:
             # aiortc encodes and sends this frame as soon as recv returns
             self.playout.sent(time.monotonic_ns())
             self.frames_out += 1
