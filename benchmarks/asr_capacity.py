@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from emit import emit  # noqa: E402
 
+from agent.audio import read_audio  # noqa: E402
 from agent.config import ASRConfig, VADConfig  # noqa: E402
 from agent.frames import AudioIn, Direction, Frame, SpeechStopped, Transcript  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402
@@ -42,7 +43,6 @@ from agent.trace import Trace  # noqa: E402
 from stages.asr.stage import StreamingASR, make_engine  # noqa: E402
 from stages.asr.whisper import WhisperBackend  # noqa: E402
 from stages.vad import SileroModel, VADStage  # noqa: E402
-from transports.audio_file import read_audio  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "speech"
 FRAME = 320

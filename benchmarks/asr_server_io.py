@@ -70,7 +70,7 @@ def threads_of(pid: int) -> int:
 
 
 def speech(seconds: float) -> np.ndarray:
-    from transports.audio_file import read_audio
+    from agent.audio import read_audio
 
     clip = np.concatenate([read_audio(SPEECH), np.zeros(RATE // 2, np.int16)])
     reps = int(np.ceil(seconds * RATE / len(clip)))

@@ -24,12 +24,12 @@ sys.path.insert(0, str(ROOT))
 
 from emit import emit  # noqa: E402
 
+from agent.audio import read_audio  # noqa: E402
 from agent.config import ASRConfig, VADConfig  # noqa: E402
 from stages.asr.offline import transcribe_files  # noqa: E402
 from stages.asr.wer import corpus_wer  # noqa: E402
 from stages.asr.whisper import WhisperBackend, embedded_model_dir  # noqa: E402
 from stages.vad import SileroModel  # noqa: E402
-from transports.audio_file import read_audio  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "speech"
 

@@ -23,12 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 from emit import emit  # noqa: E402
 
+from agent.audio import read_audio  # noqa: E402
 from agent.commands.run import play_call  # noqa: E402
 from agent.config import Config, add_config_flags, config_from_args  # noqa: E402
 from agent.presets import load_models  # noqa: E402
 from agent.runtime import freeze_after_warmup  # noqa: E402
 from stages.asr.wer import corpus_wer, normalize  # noqa: E402
-from transports.audio_file import read_audio  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "speech"
 SPANS = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.audio import FROM_INT16
 from agent.config import VADConfig
 from agent.errors import MissingExtraError, ModelNotFoundError, require
 from agent.frames import (
@@ -25,7 +26,6 @@ from agent.stage import DOWN, Stage
 
 WINDOW = 512  # samples per model call at 16 kHz (32 ms): the only size Silero v5+ accepts
 CONTEXT = 64  # trailing samples of the previous window the model sees before each window
-_INT16_SCALE = np.float32(1.0 / 32768.0)
 # Where the caller's voice stopped, for the voice-to-voice clock: the last frame of the utterance
 # whose RMS is within 35 dB of its loudest frame (and above -60 dBFS). Silero's probability
 # decays over a window or three after the voice stops, so its own end is late by up to ~100 ms.
@@ -248,7 +248,7 @@ class VADStage(Stage):
 
     def _consume(self, pcm: np.ndarray, offset: int, t_ns: int) -> None:
         if len(pcm):
-            x = pcm.astype(np.float32) * _INT16_SCALE if pcm.dtype == np.int16 else pcm
+            x = pcm.astype(np.float32) * FROM_INT16 if pcm.dtype == np.int16 else pcm
             ms = float(np.dot(x, x)) / len(x)
             if ms == ms:  # not NaN
                 self._peak_sq = max(self._peak_sq, ms)
@@ -264,7 +264,7 @@ class VADStage(Stage):
             take = min(WINDOW - self._fill, n - i)
             dst = self._window[self._fill : self._fill + take]
             if is_int:
-                np.multiply(pcm[i : i + take], _INT16_SCALE, out=dst)
+                np.multiply(pcm[i : i + take], FROM_INT16, out=dst)
             else:
                 np.clip(pcm[i : i + take], -1.0, 1.0, out=dst)
                 np.nan_to_num(dst, copy=False, nan=0.0)

@@ -112,10 +112,10 @@ async def play_call(
 
 
 async def _run(args: argparse.Namespace, cfg: Config) -> int:
+    from agent.audio import read_audio, write_wav
     from agent.errors import VoxlineError
     from agent.presets import load_models
     from agent.runtime import freeze_after_warmup
-    from transports.audio_file import read_audio, write_wav
 
     pcm = read_audio(args.input)  # bad input fails before any model loads
     if args.output and not Path(args.output).parent.exists():

@@ -30,12 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from agent.audio import int16_to_float, read_audio
     from agent.errors import AudioInputError, VoxlineError
     from agent.presets import backend_class
     from agent.runtime import freeze_after_warmup
     from stages.asr.offline import transcribe_files
     from stages.vad import SileroModel
-    from transports.audio_file import read_audio
 
     cfg = config_from_args(args)
     if args.batch_size < 1:
@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"voxline: skipping {f}: {exc}", file=sys.stderr)
             failed += 1
             continue
-        audios.append((f, pcm.astype("float32") / 32768.0))
+        audios.append((f, int16_to_float(pcm)))
     if not audios:
         raise VoxlineError("no readable audio among the inputs")
     cfg.asr.max_batch = args.batch_size

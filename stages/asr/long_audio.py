@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agent.audio import int16_to_float
 from stages.asr.engine import ASREngine
 from stages.asr.slots import Slot
 
@@ -55,9 +56,7 @@ def cut_points(pcm: np.ndarray, max_chunk_s: float = MAX_CHUNK_S, search_s: floa
 
 def to_float(pcm: np.ndarray) -> np.ndarray:
     """int16 PCM → a new float32 array in [-1, 1) (the copy the engine's worker may keep)."""
-    out = pcm.astype(np.float32)
-    out *= 1.0 / 32768.0
-    return out
+    return int16_to_float(pcm)
 
 
 async def transcribe_long(

@@ -137,7 +137,7 @@ async def _read_form(request: Any, limit: int) -> dict[str, Any]:
 
 def _decode(data: bytes, filename: str) -> np.ndarray:
     """Decode with ``read_audio`` (it takes a path): through a temporary file."""
-    from transports.audio_file import read_audio
+    from agent.audio import read_audio
 
     suffix = Path(filename).suffix[:10] if Path(filename).suffix.isascii() else ""
     fd, path = tempfile.mkstemp(prefix="voxline-upload-", suffix=suffix)

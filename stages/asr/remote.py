@@ -17,6 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
+from agent.audio import float_to_int16
 from agent.config import ASRConfig
 from agent.errors import VoxlineError
 from stages.asr import wire
@@ -176,7 +177,7 @@ def _to_pcm16(buf: np.ndarray) -> np.ndarray:
     x = np.asarray(buf)
     if x.dtype == np.int16:
         return x.astype("<i2", copy=False)
-    return (np.clip(x, -1.0, 32767 / 32768) * 32768.0).astype("<i2")
+    return float_to_int16(x).astype("<i2", copy=False)
 
 
 def _share(pcm: np.ndarray):  # noqa: ANN202 — a multiprocessing SharedMemory

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent.audio import FROM_INT16
 from agent.errors import CapacityError
 
 
@@ -51,7 +52,7 @@ class Slot:
         if n > 0:
             seg = pcm[:n]
             if seg.dtype == np.int16:
-                np.multiply(seg, 1.0 / 32768.0, out=self.audio[self.length : self.length + n],
+                np.multiply(seg, FROM_INT16, out=self.audio[self.length : self.length + n],
                             casting="unsafe")
             else:
                 self.audio[self.length : self.length + n] = seg

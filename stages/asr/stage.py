@@ -12,6 +12,7 @@ from functools import partial
 
 import numpy as np
 
+from agent.audio import FROM_INT16
 from agent.config import ASRConfig
 from agent.errors import ConfigError
 from agent.frames import (
@@ -36,7 +37,6 @@ END_PAD_MS = 100  # audio kept after the end of speech, so the last word is not 
 RING_MARGIN_S = 10.0
 CUT_SEARCH_MS = 3000  # a too-long utterance is cut at the quietest place in its last 3 s
 CUT_WINDOW_MS = 100  # ... judged over 100 ms of audio, in 20 ms steps
-_INT16_SCALE = np.float32(1.0 / 32768.0)
 
 
 class _Kind(IntEnum):
@@ -448,7 +448,7 @@ class StreamingASR(Stage):
     # --- the ring ------------------------------------------------------------------------------
     def _write(self, pcm: np.ndarray, offset: int) -> None:
         if pcm.dtype == np.int16:
-            pcm = pcm * _INT16_SCALE
+            pcm = pcm * FROM_INT16
         else:
             pcm = np.clip(np.nan_to_num(pcm.astype(np.float32)), -1.0, 1.0)
         cap = len(self._ring)

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.audio import read_wav
 from agent.commands.run import play_call
 from agent.config import Config
 from agent.presets import load_models
-from transports.audio_file import read_wav
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CLIP = DATA / "ls-dev-clean-1988-24833-0000.wav"

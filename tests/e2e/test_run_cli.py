@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stages.asr.wer import wer
-from transports.audio_file import read_wav, write_wav
+from agent.audio import read_wav, write_wav
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CLIP = DATA / "ls-dev-clean-1988-24833-0000.wav"

@@ -11,7 +11,7 @@ import pytest
 from agent.config import ASRConfig
 from stages.asr.backend import Hypothesis
 from stages.asr.engine import ASREngine
-from transports.audio_file import read_wav
+from agent.audio import read_wav
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

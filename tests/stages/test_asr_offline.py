@@ -15,7 +15,7 @@ from stages.asr.offline import (
     vad_probs_many,
 )
 from stages.asr.wer import wer
-from transports.audio_file import read_wav, write_wav
+from agent.audio import read_wav, write_wav
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REFS = {

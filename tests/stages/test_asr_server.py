@@ -23,7 +23,7 @@ from stages.asr.long_audio import cut_points
 from stages.asr.remote import RemoteASRBackend, RemoteASRError
 from stages.asr.server import ASRServer
 from stages.asr.wer import wer
-from transports.audio_file import read_audio
+from agent.audio import read_audio
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"

@@ -27,7 +27,7 @@ from agent.trace import Trace
 from stages.asr.agreement import LocalAgreement
 from stages.asr.stage import StreamingASR
 from stages.asr.wer import wer
-from transports.audio_file import read_wav
+from agent.audio import read_wav
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("faster_whisper")

@@ -9,7 +9,7 @@ from agent.config import ASRConfig
 from agent.errors import ModelNotFoundError
 from stages.asr.backend import ASRBackend
 from stages.asr.wer import wer
-from transports.audio_file import read_wav
+from agent.audio import read_wav
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("faster_whisper")

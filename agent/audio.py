@@ -1,0 +1,155 @@
+"""The pipeline's audio format and every conversion into and out of it: 16 kHz mono int16
+inside; files decoded losslessly where they can be (a PCM file at the pipeline's rate comes back
+sample for sample); one float scale, ``int16 / 32768``, in both directions.
+
+The optional decoders (soundfile, av) and the resampler (soxr) are imported when first needed.
+"""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from agent.errors import AudioInputError, require
+
+RATE = 16_000
+# float = int16 / 32768 exactly (every int16 value is a float32 in [-1, 1)); back again,
+# x * 32768 rounded to the nearest step and clipped to int16. A float32 → int16 → float32 round
+# trip therefore moves a sample in range by at most half a step, and int16 → float → int16 is
+# exact. (The other common convention, x * 32767 on the way out, moves every loud sample by one
+# step per round trip — enough to flip a small ASR model's word.)
+INT16_SCALE = 32768.0
+FROM_INT16 = np.float32(1.0 / INT16_SCALE)
+
+# libsndfile subtypes whose samples are int16 values or fewer bits (read as int16: exact)
+_INT16_EXACT = {"PCM_16", "PCM_S8", "PCM_U8", "ULAW", "ALAW", "DWVW_12", "DWVW_16"}
+
+
+def int16_to_float(pcm: np.ndarray) -> np.ndarray:
+    """int16 samples as float32 in [-1, 1): ``pcm / 32768``."""
+    return np.asarray(pcm, dtype=np.int16).astype(np.float32) * FROM_INT16
+
+
+def float_to_int16(x: np.ndarray) -> np.ndarray:
+    """float samples (nominally [-1, 1]) as int16: ``x * 32768`` rounded, clipped to int16."""
+    y = np.rint(np.asarray(x, dtype=np.float64) * INT16_SCALE)
+    return np.clip(y, -32768, 32767).astype(np.int16)
+
+
+def resample(pcm: np.ndarray, rate: int, to_rate: int) -> np.ndarray:
+    """int16 mono at ``rate`` → int16 mono at ``to_rate`` (soxr, high quality)."""
+    if rate == to_rate:
+        return np.asarray(pcm, dtype=np.int16)
+    soxr = require("soxr", what="resampling audio", extra="embedded")
+    return float_to_int16(soxr.resample(int16_to_float(pcm), rate, to_rate, quality="HQ"))
+
+
+def to_mono(frames: np.ndarray) -> np.ndarray:
+    """(samples, channels) int16 → mono int16: the channels' mean, rounded (a file whose
+    channels are equal comes back unchanged)."""
+    if frames.ndim == 1 or frames.shape[1] == 1:
+        return np.ascontiguousarray(frames.reshape(-1), dtype=np.int16)
+    mean = frames.astype(np.float64).mean(axis=1)
+    return np.clip(np.rint(mean), -32768, 32767).astype(np.int16)
+
+
+def read_audio(path: str | Path, rate: int = RATE) -> np.ndarray:
+    """Decode ``path`` to mono int16 at ``rate``. Raises AudioInputError with the reason.
+
+    A file whose samples are 16-bit (or fewer) integers — PCM WAV/FLAC/AIFF, G.711 — is read as
+    integers, never through floats: at ``rate`` it comes back bit-exact. Other encodings (24-bit,
+    float, lossy codecs) are decoded to float and rounded once."""
+    p = Path(path)
+    if not p.exists():
+        raise AudioInputError(f"audio file not found: {p}")
+    if p.is_dir():
+        raise AudioInputError(f"expected an audio file, got a directory: {p}")
+    if p.stat().st_size == 0:
+        raise AudioInputError(f"audio file is empty: {p}")
+    frames, sr = _decode(p)
+    if frames.size == 0:
+        raise AudioInputError(f"audio file holds no samples: {p}")
+    return resample(to_mono(frames), sr, rate)
+
+
+def _decode(p: Path) -> tuple[np.ndarray, int]:
+    """int16 samples (frames, channels) and the rate; soundfile first, then av."""
+    try:
+        import soundfile
+    except ImportError:
+        soundfile = None
+    if soundfile is not None:
+        try:
+            info = soundfile.info(str(p))
+            if info.subtype in _INT16_EXACT:
+                data, sr = soundfile.read(str(p), dtype="int16", always_2d=True)
+                return data, int(sr)
+            data, sr = soundfile.read(str(p), dtype="float64", always_2d=True)
+            return float_to_int16(data), int(sr)
+        except Exception:  # soundfile cannot read it: MP3 on old libsndfile, M4A, ...
+            pass
+    try:
+        import av
+    except ImportError:
+        if soundfile is None:
+            require("soundfile", what="reading audio files", extra="embedded")
+        raise AudioInputError(
+            f"cannot decode {p}: not a format soundfile reads, and av is not installed "
+            "(pip install 'voxline[embedded]')"
+        ) from None
+    return _decode_av(av, p)
+
+
+def _decode_av(av: object, p: Path) -> tuple[np.ndarray, int]:
+    try:
+        with av.open(str(p)) as container:  # type: ignore[attr-defined]
+            streams = [s for s in container.streams if s.type == "audio"]
+            if not streams:
+                raise AudioInputError(f"{p} has no audio stream")
+            stream = streams[0]
+            sr = stream.rate or RATE
+            # integer codecs stay integers (u8 becomes s16 exactly); the rest become float once
+            codec_format = stream.codec_context.format
+            exact = codec_format is not None and codec_format.name in ("s16", "s16p", "u8", "u8p")
+            resampler = av.AudioResampler(format="s16" if exact else "dbl", rate=sr)  # type: ignore[attr-defined]
+            parts: list[np.ndarray] = []
+            for frame in container.decode(stream):
+                parts.extend(_packed(out) for out in resampler.resample(frame))
+            parts.extend(_packed(out) for out in resampler.resample(None))
+    except AudioInputError:
+        raise
+    except Exception as exc:
+        raise AudioInputError(f"cannot decode {p}: unknown or corrupt audio format ({exc})") from None
+    if not parts:
+        raise AudioInputError(f"audio file holds no samples: {p}")
+    data = np.concatenate(parts)
+    return (data if exact else float_to_int16(data)), int(sr)
+
+
+def _packed(frame: object) -> np.ndarray:
+    """A packed (interleaved) av frame as (samples, channels)."""
+    channels = len(frame.layout.channels)  # type: ignore[attr-defined]
+    return frame.to_ndarray().reshape(-1, channels)  # type: ignore[attr-defined]
+
+
+def write_wav(path: str | Path, pcm: np.ndarray, rate: int = RATE) -> None:
+    """Write int16 samples; a 2-D array (samples, channels) is written interleaved."""
+    pcm = np.asarray(pcm, dtype=np.int16)
+    channels = 1 if pcm.ndim == 1 else pcm.shape[1]
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.ascontiguousarray(pcm).astype("<i2", copy=False).tobytes())
+
+
+def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
+    """int16 samples (samples, channels) of a PCM16 WAV, without optional dependencies."""
+    with wave.open(str(path), "rb") as w:
+        if w.getsampwidth() != 2:
+            raise AudioInputError(f"{path}: only 16-bit PCM WAV is read here")
+        raw = w.readframes(w.getnframes())
+        data = np.frombuffer(raw, dtype="<i2").astype(np.int16).reshape(-1, w.getnchannels())
+        return data, w.getframerate()
