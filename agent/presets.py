@@ -79,12 +79,13 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
 
 
 def new_session(cfg: Config, models: Models) -> Any:
-    """One call: a fresh pipeline over the shared models, its trace and the greeting."""
+    """One call: a fresh pipeline over the shared models and its trace (the LLM stage speaks
+    the greeting)."""
     from agent.session import Session
     from agent.trace import Trace
 
     trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
-    return Session(build_pipeline(cfg, models), trace, greeting=cfg.agent.greeting)
+    return Session(build_pipeline(cfg, models), trace)
 
 
 def build_pipeline(cfg: Config, models: Models) -> Pipeline:

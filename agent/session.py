@@ -1,5 +1,8 @@
 """A session is one call: one pipeline, the transport that feeds it, its playout and its trace.
 
+Session ids are random (``call-`` and 16 hex digits), so traces written by several processes, or
+by one process across restarts, never share an id.
+
 On hang-up every stage stops, every task the session spawned is cancelled and awaited, and the
 trace is closed — ``close`` is idempotent and safe to call from any path (normal end, a client
 that vanished, an error).
@@ -7,22 +10,26 @@ that vanished, an error).
 
 from __future__ import annotations
 
-import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from agent.frames import AudioIn, Direction, EndOfCall, Frame, TextToSpeak
+from agent.frames import AudioIn, Direction, EndOfCall, Frame
 from agent.pipeline import Pipeline
 from agent.playout import Playout
 from agent.stage import StageContext
 from agent.trace import Trace
 
 log = logging.getLogger("voxline.session")
-_ids = itertools.count(1)
+
+
+def new_session_id() -> str:
+    """``call-`` and 64 random bits: unique across processes and restarts without coordination."""
+    return f"call-{secrets.token_hex(8)}"
 
 
 class Session:
@@ -31,15 +38,13 @@ class Session:
         pipeline: Pipeline,
         trace: Trace | None = None,
         session_id: str | None = None,
-        greeting: str = "",
     ) -> None:
-        self.id = session_id or f"call-{next(_ids)}"
+        self.id = session_id or new_session_id()
         self.pipeline = pipeline
         self.trace = trace if trace is not None else Trace(session_id=self.id)
         self.trace.session_id = self.trace.session_id or self.id
         self.ctx = StageContext(self.trace, self.id)
         self.playout = Playout(self.pipeline.inject_upstream, self.trace)
-        self.greeting = greeting
         self.offset = 0  # media samples received so far
         self.started_ns = 0
         self.closed = False
@@ -64,11 +69,8 @@ class Session:
 
     # --- life --------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.started_ns = time.monotonic_ns()
+        self.started_ns = self.ctx.started_ns = time.monotonic_ns()
         await self.pipeline.start(self.ctx)
-        if self.greeting:
-            self.trace.begin_turn("greeting", call_start=self.started_ns)
-            self.pipeline.push(TextToSpeak(self.greeting, greeting=True), Direction.DOWNSTREAM)
 
     def send_audio(self, pcm: np.ndarray, t_ns: int | None = None) -> None:
         """Caller audio (int16 mono 16 kHz) into the pipeline, stamped with its arrival time."""

@@ -25,12 +25,14 @@ UP = Direction.UPSTREAM
 
 
 class StageContext:
-    """What a running stage may use from its session: the trace and a task spawner whose tasks
-    are all cancelled when the session ends."""
+    """What a running stage may use from its session: the trace, when the call started
+    (monotonic ns; 0 outside a session) and a task spawner whose tasks are all cancelled when
+    the session ends."""
 
     def __init__(self, trace: Trace | None = None, session_id: str = "") -> None:
         self.trace = trace
         self.session_id = session_id
+        self.started_ns = 0
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str = "") -> asyncio.Task[Any]:

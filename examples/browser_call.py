@@ -32,8 +32,7 @@ async def main(host: str, port: int) -> None:
     models = load_models(cfg)
 
     def new_session() -> Session:
-        return Session(build_pipeline(cfg, models), Trace(cfg.trace.budgets),
-                       greeting=cfg.agent.greeting)
+        return Session(build_pipeline(cfg, models), Trace(cfg.trace.budgets))
 
     server = VoiceServer(new_session, host=host, port=port)
     await server.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from contextlib import aclosing
 
 from agent.config import AgentConfig, LLMConfig
@@ -31,8 +32,11 @@ class LLMStage(QueuedStage):
     :class:`LLMEnd`.
 
     On a barge-in the reply in flight is cancelled; the history keeps what was generated so
-    far, marked truncated, and an ``LLMEnd(cancelled=True)`` follows. A configured greeting is
-    pushed once, from :meth:`start`, and kept in the history as the agent's first words.
+    far, marked truncated, and an ``LLMEnd(cancelled=True)`` follows.
+
+    The stage owns the configured greeting: it speaks it once, from :meth:`start`, keeps it in
+    the history as the agent's first words and traces it as the ``greeting`` turn, timed from
+    the call's start.
     """
 
     name = "llm"
@@ -100,6 +104,8 @@ class LLMStage(QueuedStage):
         await super().start(ctx)
         if self.agent.greeting and not self._greeted:
             self._greeted = True
+            if ctx.trace is not None:
+                ctx.trace.begin_turn("greeting", call_start=ctx.started_ns or time.monotonic_ns())
             self.history.add_assistant(self.agent.greeting)
             self.push(TextToSpeak(self.agent.greeting, greeting=True))
 

@@ -20,9 +20,11 @@ _DONE = object()
 
 
 class TTSStage(QueuedStage):
-    """Speaks each :class:`TextToSpeak`: ``TTSAudio`` chunks of ``cfg.chunk_ms`` as synthesis
-    produces them, then one ``TTSAudio(last=True, text=...)`` holding the remainder (maybe
-    empty).
+    """Speaks each :class:`TextToSpeak`: the frame itself goes on first (the moment its
+    synthesis starts: clients show what the agent is saying, ``agent_say``), then ``TTSAudio``
+    chunks of ``cfg.chunk_ms`` as synthesis produces them, then one
+    ``TTSAudio(last=True, text=...)`` holding the remainder (maybe empty). Text flushed by a
+    barge-in before its turn never goes on: it was never said.
 
     Synthesis, resampling and chunking run on one worker thread; the event loop only pushes
     frames. On a barge-in the worker stops at its next chunk and nothing more is pushed.
@@ -57,6 +59,7 @@ class TTSStage(QueuedStage):
 
     async def handle(self, frame: Frame) -> None:
         assert isinstance(frame, TextToSpeak)
+        self.push(frame)
         text = frame.text.strip()
         trace = self.ctx.trace
         if not text:

@@ -1,4 +1,6 @@
 import asyncio
+import subprocess
+import sys
 
 import numpy as np
 
@@ -51,28 +53,55 @@ def test_hangup_cancels_every_task_and_releases_resources(tmp_path):
         before = set(asyncio.all_tasks())
         holder, counter = Holder(), Counter()
         trace_path = tmp_path / "t.jsonl"
-        s = Session(Pipeline([counter, holder]), Trace(path=trace_path), greeting="Hello there.")
+        s = Session(Pipeline([counter, holder]), Trace(path=trace_path))
         await s.start()
+        s.push(TextToSpeak("Hello there."))
         for _ in range(5):
             s.send_audio(np.zeros(320, np.int16))
         await asyncio.sleep(0.05)
         assert s.offset == 1600 and counter.audio == 5
         assert len(set(asyncio.all_tasks()) - before) >= 3  # worker, ticker, work in flight
-        greeting_audio = s.playout.pull()
+        audio = s.playout.pull()
         s.playout.sent()
         await s.close()
         await asyncio.sleep(0)
         left = set(asyncio.all_tasks()) - before
         s.send_audio(np.zeros(320, np.int16))  # after hang-up: ignored, no error
-        return left, holder, counter, greeting_audio, s, trace_path
+        return left, holder, counter, audio, trace_path
 
-    left, holder, counter, greeting_audio, s, trace_path = asyncio.run(main())
+    left, holder, counter, audio, trace_path = asyncio.run(main())
     assert left == set()
     assert holder.released and counter.ended and counter.audio == 5
-    assert greeting_audio is not None and int(greeting_audio[0]) == 7
-    greeting = s.trace.turns[0]
-    assert greeting["type"] == "greeting" and "greeting" in greeting["spans"]
+    assert audio is not None and int(audio[0]) == 7
     assert trace_path.read_text().strip().splitlines()[-1].startswith('{"type":"session"')
+
+
+def test_a_session_speaks_nothing_by_itself():
+    """The greeting belongs to the LLM stage (one owner); a session adds no frame of its own."""
+    async def main():
+        counter = Counter()
+        seen = []
+        s = Session(Pipeline([counter]))
+        s.listen(seen.append)
+        await s.start()
+        await asyncio.sleep(0.01)
+        await s.close()
+        return seen, s
+
+    seen, s = asyncio.run(main())
+    assert [type(f).__name__ for f in seen] == ["EndOfCall"]
+    assert s.ctx.started_ns == s.started_ns > 0
+
+
+def test_session_ids_are_unique_across_processes():
+    code = ("from agent.session import Session; from agent.pipeline import Pipeline; "
+            "from agent.stage import Stage; "
+            "print(' '.join(Session(Pipeline([Stage()])).id for _ in range(3)))")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            .stdout.split() for _ in range(2)]
+    ids = runs[0] + runs[1]
+    assert len(set(ids)) == 6, ids  # "call-1" in every process was the old scheme
+    assert all(i.startswith("call-") and len(i) == 21 for i in ids)
 
 
 def test_close_is_idempotent():

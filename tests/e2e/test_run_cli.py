@@ -160,3 +160,37 @@ def test_missing_package_names_what_to_install(tmp_path, blocked, flags, expecte
                         *flags], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2, r.stderr
     assert expected in r.stderr and "Traceback" not in r.stderr
+
+
+GREETING = "Hello, you have reached the voxline test line."
+
+
+def test_the_greeting_is_spoken_once(tmp_path):
+    """A real call with ``--agent-greeting``: one greeting request to the TTS, one greeting's
+    worth of audio on the agent's channel, one greeting span in the trace."""
+    from agent.config import TTSConfig
+    from stages.tts.piper import PiperTTS
+
+    lead = 16000 * 7  # the caller stays quiet while the greeting plays
+    src = tmp_path / "call.wav"
+    pcm, _ = read_wav(CLIP)
+    write_wav(src, np.concatenate([np.zeros(lead, np.int16), pcm[:, 0], np.zeros(16000, np.int16)]))
+    out, trace = tmp_path / "out.wav", tmp_path / "trace.jsonl"
+    r = voxline("run", "--input", str(src), "--output", str(out), "--trace", str(trace),
+                "--agent-greeting", GREETING, "--fast", "--json", "--tail", "8")
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    said = [e for e in events if e["type"] == "agent_say" and e["greeting"]]
+    assert [e["text"] for e in said] == [GREETING]  # one TTS request for the greeting
+    records = [json.loads(x) for x in trace.read_text().splitlines()]
+    greetings = [x for x in records if x["type"] == "greeting"]
+    assert len(greetings) == 1 and greetings[0]["complete"] and "greeting" in greetings[0]["spans"]
+
+    # the agent's channel before the caller speaks holds one greeting, not two
+    tts = PiperTTS(TTSConfig())
+    alone = sum(len(c) for c in tts.synthesize(GREETING)) / tts.sample_rate
+    agent = read_wav(out)[0][:lead, 1].astype(np.int32)
+    loud = np.flatnonzero(np.abs(agent) > 300)
+    assert loud.size, "no greeting audio"
+    heard = (loud[-1] - loud[0]) / 16000
+    assert 0.7 * alone < heard < 1.25 * alone, (heard, alone)

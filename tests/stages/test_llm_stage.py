@@ -73,6 +73,7 @@ def test_greeting_is_pushed_once_at_start_and_remembered(llm: LocalLLM) -> None:
     async def main() -> Harness:
         async with Harness(llm, AgentConfig(greeting="Hi, this is Vox. How can I help?")) as h:
             await h.until(lambda fs: len(fs) >= 1)
+            h.greeting_turn = h.trace.current  # the stage opened the greeting's trace turn
             h.pipeline.push(UserTurnEnded("What is your name?"), DOWN)
             await h.until(lambda fs: ends(fs) == 1)
             return h
@@ -82,6 +83,8 @@ def test_greeting_is_pushed_once_at_start_and_remembered(llm: LocalLLM) -> None:
     assert isinstance(first, TextToSpeak) and first.greeting
     assert first.text == "Hi, this is Vox. How can I help?"
     assert sum(isinstance(f, TextToSpeak) and f.greeting for f in h.frames) == 1
+    assert h.greeting_turn is not None and h.greeting_turn.kind == "greeting"
+    assert h.greeting_turn.events["call_start"] > 0
     assert [m["role"] for m in h.stage.history.messages()] == [
         "system",
         "assistant",

@@ -61,8 +61,10 @@ async def speak(tts: object, text: str, chunk_ms: int = 100) -> list[TTSAudio]:
     await asyncio.wait_for(done.wait(), 20)
     await pipeline.stop()
     await ctx.cancel_all()
-    assert all(isinstance(f, TTSAudio) for f in frames)
-    return frames  # type: ignore[return-value]
+    said, *audio = frames  # the text goes on first, then its audio
+    assert isinstance(said, TextToSpeak) and said.text == text
+    assert all(isinstance(f, TTSAudio) for f in audio)
+    return audio  # type: ignore[return-value]
 
 
 def words(text: str) -> list[str]:

@@ -75,6 +75,10 @@ def test_utterances_come_out_in_order_each_closed_by_one_last_frame(espeak: Espe
     frames = asyncio.run(main())
     # LLMEnd is not queued behind the synthesis: it passes straight through.
     assert isinstance(frames[0], LLMEnd)
+    # each text goes on (clients show it) as its synthesis starts, ahead of its audio
+    said = [i for i, f in enumerate(frames) if isinstance(f, TextToSpeak)]
+    assert [frames[i].text for i in said] == ["Hello there.", "How are you today?"]
+    assert isinstance(frames[said[0] + 1], TTSAudio) and frames[said[1] - 1].last
     audio = [f for f in frames if isinstance(f, TTSAudio)]
     cut = next(i for i, f in enumerate(audio) if f.last)
     first, second = audio[: cut + 1], audio[cut + 1 :]
@@ -89,10 +93,11 @@ def test_empty_text_still_gets_its_last_frame(espeak: EspeakTTS) -> None:
     async def main() -> list[Frame]:
         async with Harness(espeak) as h:
             h.pipeline.push(TextToSpeak("  "), DOWN)
-            await h.until(lambda fs: len(fs) == 1)
+            await h.until(lambda fs: len(fs) == 2)
             return h.frames
 
-    (frame,) = asyncio.run(main())
+    said, frame = asyncio.run(main())
+    assert isinstance(said, TextToSpeak)
     assert isinstance(frame, TTSAudio) and frame.last and len(frame.pcm) == 0
 
 
@@ -110,7 +115,7 @@ def test_interrupt_stops_the_utterance_in_flight_and_the_stage_goes_on(piper: Pi
     async def main() -> tuple[list[Frame], int]:
         async with Harness(counting) as h:
             h.pipeline.push(TextToSpeak(" ".join(sentences)), DOWN)
-            await h.until(lambda fs: len(fs) >= 1)
+            await h.until(lambda fs: any(isinstance(f, TTSAudio) for f in fs))
             before = len(h.frames)
             h.pipeline.push(Interrupt(), DOWN)
             # A job queued behind the synthesis runs once the worker has let go of it.
