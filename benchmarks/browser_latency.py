@@ -39,6 +39,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # speech.py: the test clips
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from emit import emit  # noqa: E402

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import speech
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+from agent.audio import float_to_int16, int16_to_float
+
 CHROMIUM = "/usr/bin/chromium"
 SPANS = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",
          "voice_to_voice"]
-CLIP = ("ls-dev-clean-1988-24833-0000.wav", "THE TWO STRAY KITTENS GRADUALLY MAKE THEMSELVES AT HOME")
-INTERRUPTER = "ls-dev-clean-1272-128104-0000.wav"
+CLIP = ("kittens", speech.text("kittens"))  # far from the ASR's edge (tests/speech.py)
+INTERRUPTER = "quilter"
 SCREENSHOTS = Path(os.environ.get("VOXLINE_SCREENSHOTS", tempfile.gettempdir()))
 
 pytestmark = pytest.mark.slow
@@ -58,9 +60,7 @@ def chromium_flags(mic_wav: Path) -> list[str]:
 
 
 def read_clip(name: str) -> np.ndarray:
-    with wave.open(str(DATA / name)) as w:
-        assert w.getframerate() == 16000 and w.getnchannels() == 1
-        return np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    return speech.load(name)
 
 
 def write_mic(path: Path, *parts: np.ndarray | float) -> Path:
@@ -71,12 +71,12 @@ def write_mic(path: Path, *parts: np.ndarray | float) -> Path:
     pcm = np.concatenate([
         np.zeros(int(p * 16000), np.int16) if isinstance(p, float) else p for p in parts
     ])
-    up = soxr.resample(pcm.astype(np.float32) / 32768, 16000, 48000)
+    up = soxr.resample(int16_to_float(pcm), 16000, 48000)
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(48000)
-        w.writeframes((np.clip(up, -1, 1) * 32767).astype("<i2").tobytes())
+        w.writeframes(float_to_int16(up).astype("<i2").tobytes())
     return path
 
 

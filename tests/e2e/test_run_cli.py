@@ -11,13 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import speech
 
-from stages.asr.wer import wer
 from agent.audio import read_wav, write_wav
+from stages.asr.wer import wer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-CLIP = DATA / "ls-dev-clean-1988-24833-0000.wav"
-CLIP_TEXT = "THE TWO STRAY KITTENS GRADUALLY MAKE THEMSELVES AT HOME"
+CLIP = DATA / speech.CLIPS["kittens"].file
+CLIP_TEXT = speech.text("kittens")  # far from the ASR's edge (tests/speech.py)
 SPANS = {"vad_eos", "asr_final", "llm_first_token", "llm_first_chunk", "tts_first_audio", "transport_send",
          "voice_to_voice"}
 
@@ -34,9 +35,7 @@ def voxline(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def call(tmp_path_factory):
     """One call: 0.5 s of silence, the clip, then silence while the agent answers."""
     tmp = tmp_path_factory.mktemp("call")
-    pcm, rate = read_wav(CLIP)
-    assert rate == 16000
-    audio = np.concatenate([np.zeros(8000, np.int16), pcm[:, 0], np.zeros(16000, np.int16)])
+    audio = np.concatenate([np.zeros(8000, np.int16), speech.load("kittens"), np.zeros(16000, np.int16)])
     src = tmp / "call.wav"
     write_wav(src, audio)
     out, trace = tmp / "out.wav", tmp / "trace.jsonl"
@@ -173,8 +172,8 @@ def test_the_greeting_is_spoken_once(tmp_path):
 
     lead = 16000 * 7  # the caller stays quiet while the greeting plays
     src = tmp_path / "call.wav"
-    pcm, _ = read_wav(CLIP)
-    write_wav(src, np.concatenate([np.zeros(lead, np.int16), pcm[:, 0], np.zeros(16000, np.int16)]))
+    write_wav(src, np.concatenate([np.zeros(lead, np.int16), speech.load("kittens"),
+                                   np.zeros(16000, np.int16)]))
     out, trace = tmp_path / "out.wav", tmp_path / "trace.jsonl"
     r = voxline("run", "--input", str(src), "--output", str(out), "--trace", str(trace),
                 "--agent-greeting", GREETING, "--fast", "--json", "--tail", "8")

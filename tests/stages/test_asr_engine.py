@@ -3,17 +3,14 @@
 import asyncio
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+import speech
 
 from agent.config import ASRConfig
 from stages.asr.backend import Hypothesis
 from stages.asr.engine import ASREngine
-from agent.audio import read_wav
-
-DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 class Recording:
@@ -169,8 +166,7 @@ def whisper():
 
 
 def test_a_batch_gives_the_same_text_as_each_stream_alone(whisper):
-    clips = sorted(DATA.glob("ls-*.wav"))[:3]
-    audio = [read_wav(p)[0][:, 0].astype(np.float32) / 32768.0 for p in clips]
+    audio = [speech.load_float(name) for name in ("kittens", "quilter", "honest")]
 
     async def run(batching):
         eng = ASREngine(whisper, capacity=4, window_ms=50, batching=batching)

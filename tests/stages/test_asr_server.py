@@ -15,7 +15,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import speech
 
+from agent.audio import int16_to_float
 from agent.config import ASRConfig
 from stages.asr import wire
 from stages.asr.engine import ASREngine
@@ -23,18 +25,12 @@ from stages.asr.long_audio import cut_points
 from stages.asr.remote import RemoteASRBackend, RemoteASRError
 from stages.asr.server import ASRServer
 from stages.asr.wer import wer
-from agent.audio import read_audio
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data"
-CLIPS = {
-    "kittens": ("ls-dev-clean-1988-24833-0000.wav", "the two stray kittens gradually make themselves at home"),
-    "quilter": ("ls-dev-clean-1272-128104-0000.wav",
-                "mister quilter is the apostle of the middle classes and we are glad to welcome his gospel"),
-    "halt": ("ls-test-clean-4507-16021-0012.wav", "why should one halt on the way"),
-}
-# Whisper tiny.en on single LibriSpeech utterances; the short "halt" clip costs it one word
-MAX_WER = 0.3
+CLIPS = ("kittens", "quilter", "honest")  # far from Whisper's edge: see tests/speech.py
+# Whisper tiny.en on LibriSpeech utterances of 9-17 words: one word wrong in the shortest passes,
+# two fail; several clips in one test are judged together
+MAX_WER = 0.15
 WAIT = 120  # seconds: a hang fails the test instead of blocking the run
 
 
@@ -49,11 +45,16 @@ def backend():
 
 @pytest.fixture(scope="module")
 def pcm():
-    return {k: read_audio(DATA / f) for k, (f, _) in CLIPS.items()}
+    return {name: speech.load(name) for name in CLIPS}
 
 
 def ref(name):
-    return CLIPS[name][1]
+    return speech.text(name)
+
+
+def judged(*pairs):
+    """WER of several (clip name, transcript) pairs taken together."""
+    return wer(" ".join(ref(name) for name, _ in pairs), " ".join(text for _, text in pairs))
 
 
 class Client:
@@ -144,7 +145,7 @@ def test_many_streams_on_one_connection(backend, pcm, tmp_path):
         engine, server, path = await serve(backend, tmp_path)
         c = await Client.connect(path)
         await asyncio.gather(*(c.stream(sid, pcm[name], options={"partials": False})
-                               for sid, name in [(1, "kittens"), (2, "quilter"), (3, "halt")]))
+                               for sid, name in [(1, "kittens"), (2, "quilter"), (3, "honest")]))
         finals = {sid: await c.final(sid) for sid in (1, 2, 3)}
         c.close()
         await server.close()
@@ -153,22 +154,19 @@ def test_many_streams_on_one_connection(backend, pcm, tmp_path):
 
     got, finals, stats = asyncio.run(main())
     assert not any(isinstance(m, wire.Partial) for m in got)  # partials were switched off
-    for sid, name in [(1, "kittens"), (2, "quilter"), (3, "halt")]:
-        assert isinstance(finals[sid], wire.Final), finals[sid]
-        assert wer(ref(name), finals[sid].text) <= MAX_WER, (name, finals[sid].text)
+    assert all(isinstance(f, wire.Final) for f in finals.values()), finals
+    pairs = [(name, finals[sid].text) for sid, name in [(1, "kittens"), (2, "quilter"), (3, "honest")]]
+    assert judged(*pairs) <= MAX_WER, pairs
     assert stats.requests == 3
 
 
-def long_file(pcm):
-    """About 38 s of speech (the three clips, three times, with pauses): several chunks."""
-    gap = np.zeros(8000, np.int16)
-    parts = [p for _ in range(3) for name in CLIPS for p in (pcm[name], gap)]
-    text = " ".join(ref(name) for _ in range(3) for name in CLIPS)
-    return np.concatenate(parts), text
+def long_file():
+    """43 s of speech (three clips, three times, with pauses): several chunks."""
+    return speech.joined(speech.LONG_FILE, gap_s=0.5, tail_s=0.5)
 
 
 def test_shared_memory_file_is_read_in_place_and_batched(backend, pcm, tmp_path):
-    audio, text = long_file(pcm)
+    audio, text = long_file()
     shm = shared_memory.SharedMemory(create=True, size=audio.nbytes)
     try:
         np.ndarray(len(audio), np.int16, buffer=shm.buf)[:] = audio
@@ -205,7 +203,7 @@ def test_bad_shared_memory_requests_get_errors_and_the_connection_stays(backend,
                wire.encode_shm(2, "x", 63, 32),
                wire.encode_shm(3, "../etc/passwd", 64, 32))
         errors = [await c.final(sid) for sid in (1, 2, 3)]
-        await c.stream(4, pcm["halt"], chunk_s=1.0, pause_s=0, options={"partials": False})
+        await c.stream(4, pcm["honest"], chunk_s=1.0, pause_s=0, options={"partials": False})
         final = await c.final(4)
         c.close()
         await server.close()
@@ -216,7 +214,7 @@ def test_bad_shared_memory_requests_get_errors_and_the_connection_stays(backend,
     assert [e.code for e in errors] == [wire.ErrorCode.BAD_REQUEST] * 3
     assert "cannot open shared memory" in errors[0].message
     assert "size must be 2 × samples" in errors[1].message
-    assert isinstance(final, wire.Final) and wer(ref("halt"), final.text) <= MAX_WER
+    assert isinstance(final, wire.Final) and wer(ref("honest"), final.text) <= MAX_WER, final.text
     assert in_use == 0
 
 
@@ -291,7 +289,7 @@ def test_malformed_frames_close_that_connection_only(backend, pcm, tmp_path):
         bad = await Client.connect(path)
         bad.send(wire.encode_open(9, {}), b"\xff\xff\xff\xff garbage")
         closed = await bad.until(lambda got: False) is False  # read until the server hangs up
-        good.send(wire.encode_audio(1, pcm["halt"].tobytes()), wire.encode_end(1))
+        good.send(wire.encode_audio(1, pcm["honest"].tobytes()), wire.encode_end(1))
         final = await good.final(1)
         good.close()
         await until_true(lambda: engine.pool.in_use == 0)
@@ -303,7 +301,7 @@ def test_malformed_frames_close_that_connection_only(backend, pcm, tmp_path):
     assert closed
     assert len(bad_got) == 1 and bad_got[0].code == wire.ErrorCode.PROTOCOL and bad_got[0].stream == 0
     assert "exceeds" in bad_got[0].message
-    assert isinstance(final, wire.Final) and wer(ref("halt"), final.text) <= MAX_WER
+    assert isinstance(final, wire.Final) and wer(ref("honest"), final.text) <= MAX_WER, final.text
     assert errors == 1
     assert in_use == 0  # the bad connection's open stream gave its slot back
 
@@ -337,13 +335,13 @@ def test_a_full_pool_refuses_only_the_new_stream(backend, pcm, tmp_path):
         a.send(wire.encode_open(1, {"partials": False}), wire.encode_open(2, {"partials": False}))
         await until_true(lambda: engine.pool.in_use == 2)
         b = await Client.connect(path)
-        b.send(wire.encode_open(1, {}), wire.encode_audio(1, pcm["halt"].tobytes()), wire.encode_end(1))
+        b.send(wire.encode_open(1, {}), wire.encode_audio(1, pcm["honest"].tobytes()), wire.encode_end(1))
         refusal = await b.final(1)
         a.send(wire.encode_audio(1, pcm["kittens"].tobytes()), wire.encode_end(1),
-               wire.encode_audio(2, pcm["halt"].tobytes()), wire.encode_end(2))
+               wire.encode_audio(2, pcm["honest"].tobytes()), wire.encode_end(2))
         finals = [await a.final(1), await a.final(2)]
         # with the pool free again, the refused client is served on the same connection
-        b.send(wire.encode_open(3, {"partials": False}), wire.encode_audio(3, pcm["halt"].tobytes()),
+        b.send(wire.encode_open(3, {"partials": False}), wire.encode_audio(3, pcm["honest"].tobytes()),
                wire.encode_end(3))
         retry = await b.final(3)
         a.close()
@@ -357,23 +355,23 @@ def test_a_full_pool_refuses_only_the_new_stream(backend, pcm, tmp_path):
     assert "ASR slots are in use" in refusal.message
     assert len([m for m in b_got if isinstance(m, wire.Error)]) == 1  # its audio was not an error
     assert not any(isinstance(m, wire.Error) for m in a_got)
-    assert wer(ref("kittens"), finals[0].text) <= MAX_WER
-    assert wer(ref("halt"), finals[1].text) <= MAX_WER
-    assert isinstance(retry, wire.Final) and wer(ref("halt"), retry.text) <= MAX_WER
+    assert isinstance(retry, wire.Final), retry
+    pairs = [("kittens", finals[0].text), ("honest", finals[1].text), ("honest", retry.text)]
+    assert judged(*pairs) <= MAX_WER, pairs
 
 
 def test_remote_backend_shares_the_server_from_worker_threads(backend, pcm, tmp_path):
-    audio, long_text = long_file(pcm)
-    floats = {k: v.astype(np.float32) / 32768 for k, v in pcm.items()}
+    audio, long_text = long_file()
+    floats = {k: int16_to_float(v) for k, v in pcm.items()}
 
     async def main():
         engine, server, path = await serve(backend, tmp_path)
         remote = RemoteASRBackend(ASRConfig(model=path))
         await asyncio.to_thread(remote.warmup)
         calls = [
-            asyncio.to_thread(remote.transcribe_batch, [floats["kittens"], floats["halt"]]),
+            asyncio.to_thread(remote.transcribe_batch, [floats["kittens"], floats["honest"]]),
             asyncio.to_thread(remote.transcribe_batch, [floats["quilter"]]),
-            asyncio.to_thread(remote.transcribe_batch, [audio.astype(np.float32) / 32768]),  # via shm
+            asyncio.to_thread(remote.transcribe_batch, [int16_to_float(audio)]),  # via shm
         ]
         results = await asyncio.gather(*calls)
         remote.close()
@@ -381,11 +379,10 @@ def test_remote_backend_shares_the_server_from_worker_threads(backend, pcm, tmp_
         engine.close()
         return results
 
-    (kittens, halt), (quilter,), (long,) = asyncio.run(main())
-    assert wer(ref("kittens"), kittens.text) <= MAX_WER
-    assert wer(ref("halt"), halt.text) <= MAX_WER
-    assert wer(ref("quilter"), quilter.text) <= MAX_WER
-    assert wer(long_text, long.text) <= MAX_WER
+    (kittens, honest), (quilter,), (long,) = asyncio.run(main())
+    pairs = [("kittens", kittens.text), ("honest", honest.text), ("quilter", quilter.text)]
+    assert judged(*pairs) <= MAX_WER, pairs
+    assert wer(long_text, long.text) <= MAX_WER, long.text
 
 
 def test_remote_backend_without_a_server_says_how_to_start_one(tmp_path):
@@ -397,7 +394,7 @@ def test_remote_backend_without_a_server_says_how_to_start_one(tmp_path):
 def test_the_asr_serve_command(pcm, tmp_path):
     path = str(tmp_path / "cli.sock")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "asr-serve", "--socket", path, "--slots", "2"],
+        [sys.executable, "-m", "agent.cli", "asr-serve", "--socket", path, "--asr-slots", "2"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -405,9 +402,9 @@ def test_the_asr_serve_command(pcm, tmp_path):
         line = proc.stdout.readline()
         assert f"listening on unix:{path}" in line, (line, proc.stderr.read() if proc.poll() else "")
         remote = RemoteASRBackend(ASRConfig(model=path))
-        (hyp,) = remote.transcribe_batch([pcm["halt"].astype(np.float32) / 32768])
+        (hyp,) = remote.transcribe_batch([int16_to_float(pcm["honest"])])
         remote.close()
-        assert wer(ref("halt"), hyp.text) <= MAX_WER
+        assert wer(ref("honest"), hyp.text) <= MAX_WER, hyp.text
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
