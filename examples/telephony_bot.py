@@ -1,7 +1,7 @@
 """A telephone voice bot: the embedded pipeline answering SIP calls (a trunk or a PBX) and Twilio
 calls (Media Streams) from one process, greeting each caller and reading back keypad digits.
 
-    python examples/telephony_bot.py --sip-port 5060 --twilio-port 8080 \
+    TWILIO_AUTH_TOKEN=... python examples/telephony_bot.py --sip-port 5060 --twilio-port 8080 \
         --public-url https://YOUR-TUNNEL.example
 
 Connecting a real Twilio number
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ async def main(args: argparse.Namespace) -> None:
     sip = SipServer(make, host=args.host, port=args.sip_port,
                     on_call=lambda call: read_back_keys(call.session))
     twilio = TwilioServer(make, host=args.host, port=args.twilio_port,
-                          public_url=args.public_url,
+                          public_url=args.public_url, twilio_auth_token=args.twilio_auth_token,
                           on_call=lambda call: read_back_keys(call.session))
     sip_addr = await sip.start()
     tw_addr = await twilio.start()
@@ -86,5 +87,8 @@ if __name__ == "__main__":
     ap.add_argument("--sip-port", type=int, default=5060)
     ap.add_argument("--twilio-port", type=int, default=8080)
     ap.add_argument("--public-url", default="", help="the https:// address Twilio reaches")
+    ap.add_argument("--twilio-auth-token", default=os.environ.get("TWILIO_AUTH_TOKEN", ""),
+                    help="the account's auth token, to check Twilio's signatures (required with "
+                         "--public-url; better as $TWILIO_AUTH_TOKEN)")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(ap.parse_args()))

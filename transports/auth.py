@@ -1,5 +1,5 @@
-"""Call authorisation for the browser server: a shared token, required unless the server is
-bound to loopback (where only this host can reach it)."""
+"""Call authorisation for the browser routes: a shared token, required unless the server is
+bound to loopback with no public URL (where only this host can reach it)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ class TokenAuth:
         self.token = token
 
     @classmethod
-    def for_host(cls, host: str, token: str = "") -> TokenAuth:
-        """No token on loopback unless one is given; elsewhere the given one or a fresh one."""
-        if token or is_loopback(host):
+    def for_host(cls, host: str, token: str = "", public: bool = False) -> TokenAuth:
+        """No token on loopback unless one is given; elsewhere the given one or a fresh one.
+        ``public``: the server has a public URL (a tunnel, a reverse proxy), so it is reachable
+        from anywhere whatever it is bound to."""
+        if token or (is_loopback(host) and not public):
             return cls(token)
         return cls(secrets.token_urlsafe(18))
 

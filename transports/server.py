@@ -16,22 +16,39 @@ from typing import Any
 from aiohttp import web
 
 from agent.session import Session
+from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
 from transports.auth import TokenAuth, is_loopback
 from transports.websocket import codec
 from transports.websocket.call import WebSocketCall
 
 log = logging.getLogger("voxline.server")
 
+# the page is the `web` package's data, so an installed wheel serves it as a checkout does
 WEB_ROOT = Path(__file__).resolve().parent.parent / "web"
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer is a few KB
 
 SessionFactory = Callable[[], Session]
 
+_REFUSALS: dict[int, type[web.HTTPException]] = {
+    401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 503: web.HTTPServiceUnavailable,
+}
+
+
+def refusal_error(refusal: Refusal) -> web.HTTPException:
+    """The aiohttp answer to an admission refusal (raise it before a WebSocket is prepared)."""
+    return _REFUSALS[refusal.status](text=refusal.text)
+
 
 class VoiceServer:
     """``max_calls`` bounds the calls served at once (each holds an ASR slot and a pipeline);
     a call beyond it is refused with a clear error, never queued. ``webrtc_ptime_ms`` is the
-    packet time of the agent's WebRTC audio (None: the track's default, 20 ms)."""
+    packet time of the agent's WebRTC audio (None: the track's default, 20 ms).
+
+    Every call on this port, Twilio's included when its routes are mounted
+    (``add_twilio_routes(server.app, session_factory, server.admission)``), passes one
+    :class:`~transports.admission.Admission` built from ``host``, ``token``, ``max_calls``,
+    ``public_url`` (the address Twilio or a browser reaches this server at, behind a proxy or a
+    tunnel) and ``twilio_auth_token``."""
 
     def __init__(
         self,
@@ -43,19 +60,19 @@ class VoiceServer:
         max_calls: int = 64,
         ice_servers: Sequence[str] = (),
         webrtc_ptime_ms: int | None = None,
+        public_url: str = "",
+        twilio_auth_token: str = "",
     ) -> None:
         self.new_session = new_session
         self.host = host
         self.port = port
-        self.auth = TokenAuth.for_host(host, token)
+        self.admission = Admission(host, token, max_calls, public_url, twilio_auth_token)
         self.web_root = web_root
-        self.max_calls = max_calls
         self.ice_servers = tuple(ice_servers)
         self.webrtc_ptime_ms = webrtc_ptime_ms
         self.loopback = is_loopback(host)
         self.calls: dict[str, Any] = {}  # session id -> WebSocketCall | WebRTCCall
         self.served = 0
-        self.refused = 0
         self.dropped_audio = 0
         self.app = self._build_app()
         self._runner: web.AppRunner | None = None
@@ -84,6 +101,18 @@ class VoiceServer:
         return self.port
 
     @property
+    def auth(self) -> TokenAuth:
+        return self.admission.auth
+
+    @property
+    def max_calls(self) -> int:
+        return self.admission.max_calls
+
+    @property
+    def refused(self) -> int:
+        return self.admission.refused_total
+
+    @property
     def url(self) -> str:
         q = f"?token={self.auth.token}" if self.auth.required else ""
         return f"http://{self.host}:{self.port}/{q}"
@@ -105,6 +134,7 @@ class VoiceServer:
             "calls": len(self.calls),
             "served": self.served,
             "refused": self.refused,
+            "refused_by": dict(self.admission.refused),
             "dropped_audio_frames": self.dropped_audio,
         }
 
@@ -115,44 +145,53 @@ class VoiceServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
 
-    def _check(self, request: web.Request) -> None:
-        if not self.auth.allows(request.query, request.headers):
-            self.refused += 1
-            raise web.HTTPUnauthorized(text="a token is required: add ?token=… to the page URL\n")
-        if len(self.calls) >= self.max_calls:
-            self.refused += 1
-            raise web.HTTPServiceUnavailable(
-                text=f"the server is at its limit of {self.max_calls} calls; try again later\n"
-            )
+    def _admit(self, request: web.Request) -> Ticket:
+        decision = self.admission.admit(CallRequest(
+            Route.BROWSER, request.raw_path, request.headers, request.query, scheme=request.scheme,
+        ))
+        if isinstance(decision, Refusal):
+            raise refusal_error(decision)
+        return decision
 
     def _open_session(self) -> Session:
         session = self.new_session()
-        self.calls[session.id] = None  # reserve the place before any await
+        self.calls[session.id] = None  # listed before any await (admission holds its place)
         self.served += 1
         return session
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
-        self._check(request)
-        ws = web.WebSocketResponse(max_msg_size=codec.MAX_MESSAGE_BYTES, heartbeat=20.0)
-        await ws.prepare(request)
+        ticket = self._admit(request)
         try:
-            session = self._open_session()
-        except Exception as exc:  # e.g. no free ASR slot
-            log.exception("could not start a call")
-            await ws.send_str(codec.encode_event(codec.error_event(f"cannot start a call: {exc}", True)))
-            await ws.close()
+            ws = web.WebSocketResponse(max_msg_size=codec.MAX_MESSAGE_BYTES, heartbeat=20.0)
+            await ws.prepare(request)
+            try:
+                session = self._open_session()
+            except Exception as exc:  # e.g. no free ASR slot
+                log.exception("could not start a call")
+                await ws.send_str(codec.encode_event(
+                    codec.error_event(f"cannot start a call: {exc}", True)))
+                await ws.close()
+                return ws
+            call = WebSocketCall(ws, session)
+            self.calls[session.id] = call
+            try:
+                stats = await call.run()
+                self.dropped_audio += stats.dropped_audio
+            finally:
+                self.calls.pop(session.id, None)
             return ws
-        call = WebSocketCall(ws, session)
-        self.calls[session.id] = call
-        try:
-            stats = await call.run()
-            self.dropped_audio += stats.dropped_audio
         finally:
-            self.calls.pop(session.id, None)
-        return ws
+            ticket.release()
 
     async def _offer(self, request: web.Request) -> web.Response:
-        self._check(request)
+        ticket = self._admit(request)
+        try:
+            return await self._answer(request, ticket)
+        except BaseException:
+            ticket.release()  # no call came of it (a live call releases when it closes)
+            raise
+
+    async def _answer(self, request: web.Request, ticket: Ticket) -> web.Response:
         from transports.webrtc.ice import (
             keep_loopback_candidates,
             rtc_configuration,
@@ -176,8 +215,11 @@ class VoiceServer:
             sdp = keep_loopback_candidates(sdp)
         session = self._open_session()
         options = {} if self.webrtc_ptime_ms is None else {"ptime_ms": self.webrtc_ptime_ms}
-        call = WebRTCCall(session, rtc_configuration(self.ice_servers), on_closed=self._rtc_closed,
-                          **options)
+        def closed(call: Any) -> None:
+            ticket.release()
+            self.calls.pop(call.session.id, None)
+
+        call = WebRTCCall(session, rtc_configuration(self.ice_servers), on_closed=closed, **options)
         self.calls[session.id] = call
         try:
             answer = await call.answer(sdp)
@@ -185,6 +227,3 @@ class VoiceServer:
             await call.close("bad offer")
             raise web.HTTPBadRequest(text=f"cannot answer the offer: {exc}\n") from None
         return web.json_response({"sdp": answer.sdp, "type": answer.type, "session": session.id})
-
-    def _rtc_closed(self, call: Any) -> None:
-        self.calls.pop(call.session.id, None)

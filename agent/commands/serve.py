@@ -17,8 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve the browser voice-call demo (WebSocket and WebRTC)",
         description="Serves web/ and takes calls over WebSocket (GET /ws) and WebRTC "
         "(POST /offer); every call gets its own pipeline, the models are loaded once. Bound to "
-        "anything but loopback, calls need a token (--token or $VOXLINE_TOKEN; a random one is "
-        "made and printed otherwise).",
+        "anything but loopback, or given --public-url, calls need a token (--token or "
+        "$VOXLINE_TOKEN; a random one is made and printed otherwise) and Twilio's calls a valid "
+        "signature (--twilio-auth-token or $TWILIO_AUTH_TOKEN).",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
@@ -35,7 +36,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also take Twilio Media Streams calls on this port "
                         "(TwiML at /twilio/twiml, media at /twilio/media)")
     p.add_argument("--public-url", default="", metavar="URL",
-                   help="the public https:// URL Twilio reaches this server at (for the TwiML)")
+                   help="the public https:// URL this server is reached at behind a proxy or a "
+                        "tunnel (the TwiML's stream address and the URL Twilio signs); with it, "
+                        "browser calls need the token even on loopback")
+    p.add_argument("--twilio-auth-token", default=os.environ.get("TWILIO_AUTH_TOKEN", ""),
+                   metavar="TOKEN",
+                   help="the Twilio account's auth token (better: $TWILIO_AUTH_TOKEN), to check "
+                        "Twilio's X-Twilio-Signature on the TwiML and the media stream; required "
+                        "with --twilio off loopback or with --public-url")
     add_config_flags(p)
     p.set_defaults(func=main)
 
@@ -54,27 +62,31 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     from agent.session import Session
     from transports.server import VoiceServer
 
-    t_load = time.monotonic()
-    models = load_models(cfg)
-    freeze_after_warmup(cfg.runtime)
-
     def new_session() -> Session:
-        return presets.new_session(cfg, models)
+        return presets.new_session(cfg, models)  # (models are loaded before the server listens)
 
+    # the server and its routes first: a refused configuration fails before the models load
     server = VoiceServer(new_session, host=args.host, port=args.port, token=args.token,
                          max_calls=args.max_calls, ice_servers=args.ice_server,
-                         webrtc_ptime_ms=args.webrtc_ptime)
+                         webrtc_ptime_ms=args.webrtc_ptime, public_url=args.public_url,
+                         twilio_auth_token=args.twilio_auth_token)
     if args.twilio:
         from transports.twilio.mount import add_twilio_routes
 
-        add_twilio_routes(server.app, lambda start: new_session(), public_url=args.public_url)
+        add_twilio_routes(server.app, lambda start: new_session(), server.admission)
+    t_load = time.monotonic()
+    models = load_models(cfg)
+    freeze_after_warmup(cfg.runtime)
     await server.start()
     print(f"models ready in {time.monotonic() - t_load:.1f} s (asr {cfg.asr.backend}, "
           f"llm {cfg.llm.backend}, tts {cfg.tts.backend})", flush=True)
     print(f"open {server.url} and press Call (Ctrl-C stops)", flush=True)
     if args.twilio:
+        checked = ("signatures checked" if args.twilio_auth_token
+                   else "signatures not checked: loopback only")
         print(f"Twilio: point your number's voice webhook at "
-              f"{args.public_url or server.url.split('?')[0].rstrip('/')}/twilio/twiml", flush=True)
+              f"{(args.public_url or server.url.split('?')[0]).rstrip('/')}/twilio/twiml "
+              f"({checked})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

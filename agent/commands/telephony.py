@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -37,12 +38,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="answer Twilio calls over Media Streams (WebSocket) with the voice pipeline",
         description="Serves Twilio Media Streams on ws://HOST:PORT/twilio/media and the TwiML "
         "that connects a call to it on GET /twilio/twiml (set the number's voice webhook to "
-        "that URL with method GET, behind a public HTTPS address).",
+        "that URL with method GET, behind a public HTTPS address). Both check Twilio's "
+        "X-Twilio-Signature with the account's auth token, which is required off loopback or "
+        "with --public-url.",
     )
     tw.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     tw.add_argument("--port", type=int, default=8080, help="HTTP/WebSocket port (default 8080)")
     tw.add_argument("--public-url", default="", metavar="URL",
-                    help="the public https:// address Twilio reaches this server at")
+                    help="the public https:// address Twilio reaches this server at (the "
+                         "TwiML's stream address and the URL Twilio signs)")
+    tw.add_argument("--twilio-auth-token", default=os.environ.get("TWILIO_AUTH_TOKEN", ""),
+                    metavar="TOKEN",
+                    help="the Twilio account's auth token (better: $TWILIO_AUTH_TOKEN), to check "
+                         "Twilio's request signatures; required off loopback or with --public-url")
+    tw.add_argument("--max-calls", type=int, default=100,
+                    help="media streams at once; the TwiML answers busy beyond (default 100)")
     _add_call_output_flags(tw, main_twilio)
 
 
@@ -168,13 +178,18 @@ def main_twilio(args: argparse.Namespace) -> int:
 
 
 async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
+    from transports.admission import Admission
     from transports.twilio.server import TwilioServer
 
+    # the server checks this too; here it fails before the models take their time to load
+    Admission(args.host, public_url=args.public_url,
+              twilio_auth_token=args.twilio_auth_token).require_twilio()
     printer = CallPrinter(args.json)
     models = _load(cfg)
     server = TwilioServer(
         session_factory(cfg, models, printer), host=args.host, port=args.port,
-        public_url=args.public_url,
+        public_url=args.public_url, twilio_auth_token=args.twilio_auth_token,
+        max_calls=args.max_calls,
         on_end=lambda r: printer.emit(r.summary.get("session", r.stream_sid), {
             "type": "call", "state": "ended", "reason": r.reason,
             "heard_lag_ms": r.heard_lags_ms, "dtmf": r.stats.dtmf}),

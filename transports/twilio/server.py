@@ -1,6 +1,7 @@
 """The asyncio shell of Twilio Media Streams on ``websockets``: ``handle_media_stream`` serves one
 WebSocket (mountable in any server that gives a websockets-style connection), and
-``TwilioServer`` runs it standalone, with the TwiML endpoint on the same port (HTTP GET).
+``TwilioServer`` runs it standalone, with the TwiML endpoint on the same port (HTTP GET), both
+behind one admission (Twilio's signature, a call limit).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import parse_qsl
 
 from agent.session import Session
+from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
 from transports.twilio.call import TwilioCall, TwilioCallStats
 from transports.twilio.messages import Start, Stop, TwilioMessageError, parse_message
-from transports.twilio.twiml import connect_stream_twiml
+from transports.twilio.twiml import connect_stream_twiml, reject_twiml
 
 log = logging.getLogger("voxline.twilio")
 SessionFactory = Callable[[Start], Session | Awaitable[Session]]
@@ -118,7 +121,12 @@ def _closed_errors() -> type[Exception]:
 
 class TwilioServer:
     """Standalone server: WebSocket media streams on ``media_path``, and TwiML on
-    ``GET twiml_path`` pointing Twilio at ``public_url`` + ``media_path`` (``wss://…``)."""
+    ``GET twiml_path`` pointing Twilio at ``public_url`` + ``media_path`` (``wss://…``).
+
+    Both go through one :class:`~transports.admission.Admission`: Twilio's signature is checked
+    when ``twilio_auth_token`` is given (and must be, unless the server is on loopback without a
+    public URL), and at most ``max_calls`` streams run at once (the TwiML answers busy beyond it,
+    a media stream gets 503)."""
 
     def __init__(
         self,
@@ -130,20 +138,30 @@ class TwilioServer:
         twiml_path: str = "/twilio/twiml",
         on_call: Callable[[TwilioCall], None] | None = None,
         on_end: Callable[[TwilioCallReport], None] | None = None,
+        twilio_auth_token: str = "",
+        max_calls: int = 100,
     ) -> None:
         self.session_factory = session_factory
         self.host, self.port = host, port
         self.public_url = public_url
         self.media_path, self.twiml_path = media_path, twiml_path
         self.on_call, self.on_end = on_call, on_end
+        self.admission = Admission(host, max_calls=max_calls, public_url=public_url,
+                                   twilio_auth_token=twilio_auth_token)
+        self.admission.require_twilio()  # fail at start-up, not on the first call
         self.reports: list[TwilioCallReport] = []
-        self.active = 0
         self._server: Any = None
+        self._tickets: dict[Any, Ticket] = {}  # connection -> its place, from upgrade to close
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    @property
+    def active(self) -> int:
+        """Media streams holding a place now."""
+        return self.admission.active
 
     def stream_url(self, host_header: str = "") -> str:
-        base = self.public_url or f"ws://{host_header or f'{self.host}:{self.port}'}"
-        base = base.replace("https://", "wss://").replace("http://", "ws://").rstrip("/")
-        return base + self.media_path
+        host = host_header or f"{self.host}:{self.port}"
+        return self.admission.public_base("http", host, websocket=True) + self.media_path
 
     async def start(self) -> tuple[str, int]:
         from agent.errors import require
@@ -158,25 +176,58 @@ class TwilioServer:
         return self.host, self.port
 
     def _http(self, connection: Any, request: Any) -> Any:
-        path = request.path.split("?", 1)[0]
+        path, _, query = request.path.partition("?")
         if path == self.twiml_path:
-            body = connect_stream_twiml(self.stream_url(request.headers.get("Host", "")))
-            resp = connection.respond(200, body)
-            resp.headers["Content-Type"] = "text/xml"
-            return resp
-        if path != self.media_path:
+            route = Route.TWILIO_WEBHOOK
+        elif path == self.media_path:
+            route = Route.TWILIO_MEDIA
+        else:
             return connection.respond(404, "not found\n")
+        decision = self.admission.admit(CallRequest(
+            route, request.path, request.headers, dict(parse_qsl(query, keep_blank_values=True)),
+        ))
+        if isinstance(decision, Refusal):
+            if route is Route.TWILIO_WEBHOOK and decision.reason == "limit":
+                return self._xml(connection, reject_twiml("busy"))
+            return connection.respond(decision.status, decision.text)
+        if route is Route.TWILIO_WEBHOOK:
+            return self._xml(connection, connect_stream_twiml(
+                self.stream_url(request.headers.get("Host", ""))))
+        self._hold(connection, decision)
         return None  # the media WebSocket
 
+    @staticmethod
+    def _xml(connection: Any, body: str) -> Any:
+        resp = connection.respond(200, body)
+        resp.headers["Content-Type"] = "text/xml"
+        return resp
+
+    def _hold(self, connection: Any, ticket: Ticket) -> None:
+        """Keep the place until the connection closes, whether or not its handshake completes
+        (a failed upgrade never reaches ``_handler``, and must not keep a place for good)."""
+        self._tickets[connection] = ticket
+
+        async def release_on_close() -> None:
+            try:
+                await connection.wait_closed()
+            finally:
+                self._tickets.pop(connection, None)
+                ticket.release()
+
+        watcher = asyncio.get_running_loop().create_task(release_on_close())
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
     async def _handler(self, ws: Any) -> None:
-        self.active += 1
+        ticket = self._tickets.pop(ws, None)
         try:
             report = await handle_media_stream(ws, self.session_factory, self.on_call)
         except Exception:
             log.exception("Twilio media stream failed")
             return
         finally:
-            self.active -= 1
+            if ticket is not None:
+                ticket.release()  # at once, not when the close handshake is over
         if report is not None:
             self.reports.append(report)
             if self.on_end is not None:
@@ -186,3 +237,6 @@ class TwilioServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)

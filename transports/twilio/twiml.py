@@ -1,5 +1,5 @@
 """The TwiML that connects a Twilio call to our media-stream WebSocket (a bidirectional
-``<Connect><Stream>``; ``<Start><Stream>`` would be listen-only)."""
+``<Connect><Stream>``; ``<Start><Stream>`` would be listen-only), or turns it away busy."""
 
 from __future__ import annotations
 
@@ -20,3 +20,11 @@ def connect_stream_twiml(stream_url: str, parameters: Mapping[str, str] | None =
         f"<Stream url={quoteattr(stream_url)}>{params}</Stream>"
     )
     return f'<?xml version="1.0" encoding="UTF-8"?><Response><Connect>{stream}</Connect></Response>'
+
+
+def reject_twiml(reason: str = "busy") -> str:
+    """``<Response><Reject reason=…/></Response>``: the caller hears a busy tone (``busy``) or a
+    not-in-service message (``rejected``), and the call is never answered nor billed."""
+    if reason not in ("busy", "rejected"):
+        raise ValueError(f"Twilio's <Reject> reason is 'busy' or 'rejected', got {reason!r}")
+    return f'<?xml version="1.0" encoding="UTF-8"?><Response><Reject reason="{reason}"/></Response>'
