@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ConfigError
+from agent.trace import SPAN_ORDER
+
+# field metadata of a mapping whose keys must be known names: (what a key names, the names)
+KNOWN_KEYS = "known_keys"
 
 
 @dataclass(slots=True)
@@ -113,7 +117,8 @@ class TraceConfig:
             "voice_to_voice": 800.0,
             "greeting": 500.0,
             "partial_lag": 1000.0,
-        }
+        },
+        metadata={KNOWN_KEYS: ("span", tuple(SPAN_ORDER))},
     )
 
 
@@ -215,12 +220,26 @@ def apply_mapping(cfg: Config, data: dict[str, Any], source: str = "config") -> 
             tp = _field_type(section, key)
             where = f"{source}: {sec_name}.{key}"
             if _is_mapping(tp):
+                entries = _coerce(tp, value, where)
+                _check_known_keys(section, key, entries, where)
                 merged = dict(getattr(section, key))
-                merged.update(_coerce(tp, value, where))
+                merged.update(entries)
                 setattr(section, key, merged)
             else:
                 setattr(section, key, _coerce(tp, value, where))
     return cfg
+
+
+def _check_known_keys(section: Any, name: str, entries: dict[str, Any], where: str) -> None:
+    """A mapping field with ``KNOWN_KEYS`` metadata takes only those keys: a misspelt span
+    name would otherwise be a budget that silently never applies."""
+    known = next(f for f in dataclasses.fields(section) if f.name == name).metadata.get(KNOWN_KEYS)
+    if known is None:
+        return
+    what, names = known
+    for k in entries:
+        if k not in names:
+            raise ConfigError(f"{where}: unknown {what} {k!r} (known {what}s: {', '.join(names)})")
 
 
 def flag_name(section: str, key: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from transports.websocket.call import WebSocketCall
 log = logging.getLogger("voxline.server")
 
 # the page is the `web` package's data, so an installed wheel serves it as a checkout does
-WEB_ROOT = Path(__file__).resolve().parent.parent / "web"
+WEB_ROOT = Path(str(files("web")))
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer is a few KB
 
 SessionFactory = Callable[[], Session]

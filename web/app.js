@@ -3,8 +3,6 @@
 // Standard Web APIs only; no build step. `window.voxline` exposes the call's state to tests.
 
 const $ = (id) => document.getElementById(id);
-const SPANS = ['vad_eos', 'asr_final', 'llm_first_token', 'tts_first_audio', 'transport_send',
-               'voice_to_voice', 'greeting'];
 const MIC_CONSTRAINTS = { audio: { echoCancellation: true, noiseSuppression: true,
                                    autoGainControl: true, channelCount: 1 } };
 const token = new URLSearchParams(location.search).get('token');
@@ -66,7 +64,8 @@ function flash(id, ms) {
 
 function drawTurn(ev) {
   const spans = ev.spans || {};
-  const names = SPANS.filter((n) => spans[n]);
+  // every span the trace sent, in its order (agent/trace.py): the page keeps no list of its own
+  const names = Object.keys(spans);
   if (!names.length) return;
   const total = spans.voice_to_voice || spans.greeting;
   const scale = Math.max(...names.map((n) => Math.max(spans[n].end_ms, spans[n].budget_ms || 0)), 1);

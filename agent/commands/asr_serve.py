@@ -26,10 +26,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="Unix socket to listen on (default: /tmp/voxline-asr.sock)")
     p.add_argument("--http", metavar="HOST:PORT", default=None,
                    help="also serve the OpenAI-compatible endpoint here, e.g. 127.0.0.1:8300")
-    p.add_argument("--slots", type=int, default=None, metavar="N",
-                   help="concurrent streams, preallocated at start (same as --asr-slots; default 64)")
-    p.add_argument("--window-ms", type=float, default=None, metavar="X",
-                   help="how long a batch waits for company (same as --asr-window-ms; default 10)")
     p.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB",
                    help="largest HTTP upload (default 25 MB)")
     add_config_flags(p, sections=["asr", "runtime"])
@@ -48,12 +44,8 @@ def main(args: argparse.Namespace) -> int:
     from stages.asr import wire
 
     cfg = config_from_args(args)
-    if args.slots is not None:
-        cfg.asr.slots = args.slots
-    if args.window_ms is not None:
-        cfg.asr.window_ms = args.window_ms
     if cfg.asr.slots < 1:
-        raise ConfigError("--slots must be at least 1")
+        raise ConfigError(f"--asr-slots must be at least 1, got {cfg.asr.slots}")
     http = parse_host_port(args.http) if args.http else None
     return runtime.run(_serve(cfg, args.socket or wire.DEFAULT_SOCKET, http, args), cfg.runtime)
 

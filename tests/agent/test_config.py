@@ -51,3 +51,21 @@ def test_bad_flag_values():
         _parse(["--turn-silence-ms", "soon"])
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         _parse(["--trace-budgets", "oops"])
+
+
+def test_unknown_budget_spans_are_errors_naming_the_known_spans(tmp_path):
+    from agent.trace import SPAN_ORDER
+
+    known = "known spans: " + ", ".join(SPAN_ORDER)
+    f = tmp_path / "c.toml"
+    f.write_text("[trace.budgets]\nvoice_to_voice = 700\nllm_ttft = 200\n")
+    with pytest.raises(ConfigError, match="trace.budgets: unknown span 'llm_ttft'") as err:
+        load_toml(f)
+    assert known in str(err.value) and str(f) in str(err.value)
+    with pytest.raises(ConfigError, match="trace.budgets: unknown span 'tts_first'") as err:
+        _parse(["--trace-budgets", "asr_final=250", "--trace-budgets", "tts_first=100"])
+    assert known in str(err.value) and "command line" in str(err.value)
+    # every span the trace times may have a budget, from either place
+    f.write_text("[trace.budgets]\n" + "".join(f"{n} = 1\n" for n in SPAN_ORDER))
+    assert all(load_toml(f).trace.budgets[n] == 1.0 for n in SPAN_ORDER)
+    assert _parse(["--trace-budgets", "llm_first_chunk=150"]).trace.budgets["llm_first_chunk"] == 150

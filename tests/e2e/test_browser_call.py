@@ -18,8 +18,8 @@ import speech
 from agent.audio import float_to_int16, int16_to_float
 
 CHROMIUM = "/usr/bin/chromium"
-SPANS = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",
-         "voice_to_voice"]
+SPANS = ["vad_eos", "asr_final", "llm_first_token", "llm_first_chunk", "tts_first_audio",
+         "transport_send", "voice_to_voice"]
 CLIP = ("kittens", speech.text("kittens"))  # far from the ASR's edge (tests/speech.py)
 INTERRUPTER = "quilter"
 SCREENSHOTS = Path(os.environ.get("VOXLINE_SCREENSHOTS", tempfile.gettempdir()))

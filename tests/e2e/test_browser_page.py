@@ -14,7 +14,7 @@ from agent.frames import SpeechStopped, Transcript, TTSAudio
 from agent.pipeline import Pipeline
 from agent.session import Session
 from agent.stage import Stage
-from agent.trace import Trace
+from agent.trace import SPAN_ORDER, Trace
 
 pytestmark = pytest.mark.slow
 
@@ -72,5 +72,8 @@ def test_page_calls_plays_agent_audio_and_hangs_up(transport, tmp_path):
     assert state["finals"][0].startswith("peak ") and int(state["finals"][0][5:]) > 3000
     assert state["agentMaxRms"] > 0.01
     assert facts["callerLines"] == 1 and "voice_to_voice" in facts["spans"]
+    # the waterfall draws every span the trace sent, in the trace's order, llm_first_chunk too
+    sent = state["traces"][0]["spans"]
+    assert "llm_first_chunk" in sent and facts["spans"] == [n for n in SPAN_ORDER if n in sent]
     assert not server.calls  # hung up (browser_call waited for the page to say "ended")
     assert sessions[0].closed and not sessions[0].ctx.tasks
