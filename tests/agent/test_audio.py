@@ -46,12 +46,10 @@ def test_16_bit_flac_and_equal_stereo_channels_are_read_bit_exact(tmp_path):
     assert np.array_equal(read_audio(tmp_path / "b.wav"), pcm)
 
 
-def test_integer_pcm_through_av_stays_bit_exact(tmp_path):
-    av = pytest.importorskip("av")
-    pcm = read_wav(DATA / "ls-test-clean-4507-16021-0012.wav")[0][:, 0]
-    path = tmp_path / "call.mka"  # Matroska: soundfile cannot read it, av must
+def encode_with_av(av, path: Path, codec: str, pcm: np.ndarray) -> None:
+    """Write mono 16 kHz ``pcm`` to ``path`` with ``codec`` (the container from the suffix)."""
     with av.open(str(path), "w") as out:
-        stream = out.add_stream("pcm_s16le", rate=16000)
+        stream = out.add_stream(codec, rate=16000)
         stream.layout = "mono"
         frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
         frame.sample_rate = 16000
@@ -59,6 +57,13 @@ def test_integer_pcm_through_av_stays_bit_exact(tmp_path):
             out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
+
+
+def test_integer_pcm_through_av_stays_bit_exact(tmp_path):
+    av = pytest.importorskip("av")
+    pcm = read_wav(DATA / "ls-test-clean-4507-16021-0012.wav")[0][:, 0]
+    path = tmp_path / "call.mka"  # Matroska: soundfile cannot read it, av must
+    encode_with_av(av, path, "pcm_s16le", pcm)
     assert np.array_equal(read_audio(path), pcm)
 
 
@@ -88,15 +93,7 @@ def test_mp3_goes_through_av(tmp_path):
     av = pytest.importorskip("av")
     pcm = _clip()
     path = tmp_path / "call.mp3"
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("mp3", rate=16000)
-        stream.layout = "mono"
-        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
-        frame.sample_rate = 16000
-        for packet in stream.encode(frame):
-            out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
+    encode_with_av(av, path, "mp3", pcm)
     got = read_audio(path)
     assert abs(len(got) - len(pcm)) < 16000 * 0.1  # encoder padding
     # mp3 delays the signal a little: the best alignment within 50 ms must match well

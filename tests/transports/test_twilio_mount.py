@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 from test_twilio_server import SpeakBackUntilKey
-from twilio_signing import AUTH_TOKEN, signed
+from twilio_signing import AUTH_TOKEN, refused_upgrade, signed
 
 from agent.errors import ConfigError
 from agent.pipeline import Pipeline
@@ -100,16 +100,6 @@ class _Served:
         await self.server.stop()
 
 
-async def _refused_upgrade(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import InvalidStatus
-
-    with pytest.raises(InvalidStatus) as exc:
-        async with connect(url, additional_headers=headers or {}):
-            pass
-    return exc.value.response.status_code, exc.value.response.body.decode()
-
-
 def test_the_twiml_webhook_needs_twilio_signature() -> None:
     async def main() -> None:
         async with _Served(public_url=PUBLIC, twilio_auth_token=AUTH_TOKEN) as s, \
@@ -158,7 +148,7 @@ def test_the_media_stream_upgrade_needs_twilio_signature() -> None:
             media = f"{s.ws_base}/twilio/media"
             for headers in ({}, signed("wss://bot.example.test/twilio/other"),
                             signed("wss://bot.example.test/twilio/media", auth_token="wrong")):
-                status, text = await _refused_upgrade(media, headers)
+                status, text = await refused_upgrade(media, headers)
                 assert status == 403 and "X-Twilio-Signature" in text
             assert not s.sessions and s.server.stats()["refused_by"]["signature"] == 3
 
@@ -182,7 +172,7 @@ def test_twilio_calls_share_the_call_limit_with_browser_calls() -> None:
 
         async with _Served(max_calls=1) as s, aiohttp.ClientSession() as http:
             browser = await http.ws_connect(f"{s.base}/ws")  # holds the one place
-            status, text = await _refused_upgrade(f"{s.ws_base}/twilio/media")
+            status, text = await refused_upgrade(f"{s.ws_base}/twilio/media")
             assert status == 503 and "limit of 1 calls" in text
             # the webhook answers busy at the limit: the caller hears a busy tone rather than
             # Twilio's "application error" for a failed webhook
@@ -216,7 +206,7 @@ def test_off_loopback_browser_routes_want_the_token_and_twilio_routes_the_signat
                 await http.ws_connect(f"{s.base}/ws")
             assert exc.value.status == 401
             # the browser's token opens no Twilio route: Twilio cannot send it on a stream
-            status, _ = await _refused_upgrade(f"{s.ws_base}/twilio/media?token=s3cret")
+            status, _ = await refused_upgrade(f"{s.ws_base}/twilio/media?token=s3cret")
             assert status == 403
             # Twilio's signature needs no token beside it
             resp = await http.post(f"{s.base}/twilio/twiml", data=CALL,

@@ -10,7 +10,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from twilio_signing import AUTH_TOKEN, signed
+from twilio_signing import AUTH_TOKEN, refused_upgrade, signed
 
 from agent.errors import ConfigError
 from agent.frames import AudioIn, Direction, Dtmf, Interrupt, TTSAudio
@@ -100,16 +100,6 @@ async def _call() -> None:
     assert report.heard_lags_ms and report.malformed == 0
 
 
-async def _refused_upgrade(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import InvalidStatus
-
-    with pytest.raises(InvalidStatus) as exc:
-        async with connect(url, additional_headers=headers or {}):
-            pass
-    return exc.value.response.status_code, exc.value.response.body.decode()
-
-
 def test_twiml_and_media_stream_need_twilio_signature() -> None:
     async def main() -> None:
         server = TwilioServer(lambda start: Session(Pipeline([SpeakBackUntilKey()])), port=0,
@@ -134,7 +124,7 @@ def test_twiml_and_media_stream_need_twilio_signature() -> None:
             media = f"ws://{host}:{port}/twilio/media"
             for headers in ({}, signed("wss://bot.example/twilio/twiml"),
                             signed("wss://bot.example/twilio/media", auth_token="x")):
-                status, text = await _refused_upgrade(media, headers)
+                status, text = await refused_upgrade(media, headers)
                 assert status == 403 and "--twilio-auth-token" in text
             assert server.admission.refused == {"token": 0, "signature": 7, "limit": 0}
             assert server.active == 0 and not server.reports
@@ -155,7 +145,7 @@ def test_media_streams_beyond_the_limit_are_refused_and_the_twiml_answers_busy()
         try:
             async with connect(media) as first:
                 assert server.active == 1  # the place is taken at the upgrade
-                status, text = await _refused_upgrade(media)
+                status, text = await refused_upgrade(media)
                 assert status == 503 and "limit of 1 calls" in text
                 busy = await _http_get(host, port, "/twilio/twiml")
                 assert "200 OK" in busy and '<Reject reason="busy"/>' in busy
