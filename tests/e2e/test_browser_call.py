@@ -178,7 +178,12 @@ def test_browser_call_transcribes_answers_and_plays_the_agent(models, transport,
     # the page timed the turn itself: from the caller's voice end at capture to the agent's
     # first audible audio where it plays it, which cannot come before the server answered
     assert state["micClock"] == "capture"
-    assert turn["spans"]["voice_to_voice"]["ms"] < state["voiceToVoiceMs"][0] < 5000
+    # ... and it timed this turn, not the call: it exceeds the server's own span by the audio's
+    # trip to the server and back to the speaker only (measured 22-37 ms, idle or with both cores
+    # busy; timed from the call's start it would be 4 s over). Both spans hold the model time, so
+    # a loaded machine stretches them alike (1.1-1.7 s seen); the latency goal is benchmarks'.
+    server_ms, page_ms = turn["spans"]["voice_to_voice"]["ms"], state["voiceToVoiceMs"][0]
+    assert server_ms < page_ms < server_ms + 1000
     print(f"\n[{transport}] heard {heard!r}; reply {state['replies'][0]['text']!r}; "
           f"voice-to-voice (trace) {turn['spans']['voice_to_voice']['ms']:.0f} ms; "
           f"page-measured {state['voiceToVoiceMs']} ms")

@@ -160,17 +160,50 @@ def test_generation_pauses_after_the_first_chunk_until_its_audio_is_out(llm: Loc
     assert total > while_waiting  # and resumed once the first audio was out
 
 
+# The prefill test compares two greedy replies word for word, so its question is one whose reply
+# wins every token by a wide logit margin: 0.86 for this one, against 0.08 for "What is the
+# capital of France?". Rounding differences between CPUs' kernels are far smaller (thread counts
+# change nothing at all), and even evaluating the prompt token by token instead of in one batch
+# moves SmolLM2's top logits by up to 0.2 here: two of them moved apart shrink a margin by 0.4,
+# which test_the_prefill_question_is_far_from_a_greedy_tie checks is still covered. What was heard
+# at the pause gets another reply ("The opposite of a negative is a positive"), so a prefill that
+# leaked into the answer would show.
+PREFILL_HEARD = "What is the opposite of"
+PREFILL_QUESTION = "What is the opposite of up?"
+
+
+def test_the_prefill_question_is_far_from_a_greedy_tie(llm: LocalLLM) -> None:
+    import numpy as np
+
+    margins: list[float] = []
+
+    def margin(_ids: object, logits: np.ndarray) -> np.ndarray:
+        second, first = np.partition(logits, -2)[-2:]
+        margins.append(float(first - second))
+        return logits
+
+    messages = [
+        {"role": "system", "content": llm.cfg.system_prompt},
+        {"role": "user", "content": PREFILL_QUESTION},
+    ]
+    llm._llama.create_chat_completion(
+        messages=messages, max_tokens=llm.cfg.max_tokens, temperature=0.0,
+        logits_processor=[margin],
+    )
+    assert len(margins) >= 3 and min(margins) > 0.4, margins
+
+
 def test_prefill_on_a_pause_does_not_change_the_reply(llm: LocalLLM) -> None:
     from agent.frames import SpeechPaused, SpeechStarted
 
-    question = "What is the capital of France?"
+    question = PREFILL_QUESTION
 
     async def reply(prefill: bool) -> tuple[str, int]:
         agent = AgentConfig(prefill=prefill, first_audio_wait_ms=0)
         async with Harness(llm, agent) as h:
             push = h.pipeline.push
             push(SpeechStarted(at=0), DOWN)
-            push(Transcript("What is the capital of", final=False), DOWN)
+            push(Transcript(PREFILL_HEARD, final=False), DOWN)
             push(SpeechPaused(at=16000), DOWN)  # prefill with what was heard so far
             push(Transcript(question, final=False), DOWN)
             await asyncio.sleep(0.3)
