@@ -34,7 +34,10 @@ def int16_to_float(pcm: np.ndarray) -> np.ndarray:
 
 def float_to_int16(x: np.ndarray) -> np.ndarray:
     """float samples (nominally [-1, 1]) as int16: ``x * 32768`` rounded, clipped to int16."""
-    y = np.rint(np.asarray(x, dtype=np.float64) * INT16_SCALE)
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float64)
+    y = np.rint(x * INT16_SCALE)  # a power of two: exact in the input's own float type
     return np.clip(y, -32768, 32767).astype(np.int16)
 
 
@@ -51,8 +54,9 @@ def to_mono(frames: np.ndarray) -> np.ndarray:
     channels are equal comes back unchanged)."""
     if frames.ndim == 1 or frames.shape[1] == 1:
         return np.ascontiguousarray(frames.reshape(-1), dtype=np.int16)
-    mean = frames.astype(np.float64).mean(axis=1)
-    return np.clip(np.rint(mean), -32768, 32767).astype(np.int16)
+    channels = frames.shape[1]
+    total = frames.sum(axis=1, dtype=np.int32)  # 4 bytes a sample: an hour of audio fits
+    return ((total + channels // 2) // channels).astype(np.int16)  # halves round up
 
 
 def read_audio(path: str | Path, rate: int = RATE) -> np.ndarray:
@@ -86,7 +90,7 @@ def _decode(p: Path) -> tuple[np.ndarray, int]:
             if info.subtype in _INT16_EXACT:
                 data, sr = soundfile.read(str(p), dtype="int16", always_2d=True)
                 return data, int(sr)
-            data, sr = soundfile.read(str(p), dtype="float64", always_2d=True)
+            data, sr = soundfile.read(str(p), dtype="float32", always_2d=True)  # 24 bits exact
             return float_to_int16(data), int(sr)
         except Exception:  # soundfile cannot read it: MP3 on old libsndfile, M4A, ...
             pass

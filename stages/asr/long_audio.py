@@ -21,7 +21,7 @@ RATE = 16_000
 # windows, and whether it does flips with the smallest change of input. Measured on 40-60 s
 # files of four LibriSpeech clips in four orders, each also with ±1 LSB dither (WER per file):
 # 20-s chunks 0-36% (mean 14%), 14-s 0-20% (8 runs), 12-s 0-10% (mean 0.6%, 15 of 16 exact).
-# Shorter windows are cheaper too: benchmarks/long_audio_chunks.py, RTFx 107 -> 119.
+# Shorter windows are cheaper too (benchmarks/long_audio_chunks.py: 11-37% faster per run).
 MAX_CHUNK_S = 12.0
 SEARCH_S = 4.0  # the cut is the quietest 20 ms in the last SEARCH_S seconds before the limit
 FRAME = 320  # 20 ms
