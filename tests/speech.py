@@ -25,6 +25,9 @@ from agent.audio import int16_to_float, read_audio
 DATA = Path(__file__).resolve().parent / "data"
 PERTURB_ENV = "VOXLINE_TEST_PERTURB"
 PERTURBATIONS = ("+1", "-1", "dither")
+# every input as it is and one step off: what a test parametrizes over to prove its margin
+STEPS = ("", *PERTURBATIONS)
+STEP_IDS = ("exact", "plus1", "minus1", "dither")
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,12 @@ class Refusal:
     reason: str  # "token" | "signature" | "limit": the key it is counted under
     text: str  # the body: what went wrong and what to do
 
+    @property
+    def busy(self) -> bool:
+        """Refused only for want of room: Twilio's webhook answers a busy tone rather than an
+        error (the caller hears busy, not Twilio's "application error")."""
+        return self.reason == "limit"
+
 
 class Ticket:
     """A call's place within ``max_calls``. ``release`` gives it back; a second release is a

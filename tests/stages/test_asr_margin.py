@@ -22,7 +22,6 @@ pytest.importorskip("faster_whisper")
 from stages.asr.whisper import WhisperBackend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("", *speech.PERTURBATIONS)  # "" is the file as it is
 # The tests allow one wrong word in a clip (MAX_WER 0.15 over 9+ words). Here no variant may
 # lose more than half of that: a clip that passes only at the edge does not belong in CLIPS.
 MARGIN_WER = 0.075
@@ -37,7 +36,7 @@ def test_every_clip_keeps_its_margin(backend):
     worst = {}
     for name in speech.CLIPS:
         pcm = speech.samples(name)
-        buffers = [int16_to_float(speech.perturb(pcm, how)) for how in VARIANTS]
+        buffers = [int16_to_float(speech.perturb(pcm, how)) for how in speech.STEPS]
         texts = [h.text for h in backend.transcribe_batch(buffers)]
         worst[name] = max(zip((wer(speech.text(name), t) for t in texts), texts, strict=True))
     assert all(w <= MARGIN_WER for w, _ in worst.values()), worst
@@ -49,7 +48,7 @@ def test_the_longer_buffers_keep_their_margin(backend):
     one, one_ref = speech.joined(speech.ONE_BUFFER, tail_s=1.0, perturbed=False)
     long, long_ref = speech.joined(speech.LONG_FILE, gap_s=0.5, tail_s=0.5, perturbed=False)
     worst = []
-    for how in VARIANTS:
+    for how in speech.STEPS:
         (hyp,) = backend.transcribe_batch([int16_to_float(speech.perturb(one, how))])
         worst.append((wer(one_ref, hyp.text), how, "one buffer"))
         x = speech.perturb(long, how)

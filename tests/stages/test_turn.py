@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from speech import PERTURBATIONS, perturb
+from speech import STEP_IDS, STEPS, perturb
 
 from agent.config import TurnConfig, VADConfig
 from agent.frames import (
@@ -457,12 +457,8 @@ def vad_model() -> SileroModel:
     return SileroModel(VADConfig())
 
 
-# The tests on real speech also run with each sample one step off (+1, -1, a seeded random ±1):
-# the proof that the VAD's decisions they count on are not on the model's edge.
-STEPS = ["", *PERTURBATIONS]
-STEP_IDS = ["exact", "plus1", "minus1", "dither"]
-
-
+# The tests on real speech also run with each sample one step off (speech.STEPS: +1, -1, a
+# seeded random ±1): the proof that the VAD's decisions they count on are not on the model's edge.
 @pytest.fixture(scope="module", params=STEPS, ids=STEP_IDS)
 def conversation(request: pytest.FixtureRequest) -> tuple[np.ndarray, list[int]]:
     """The three utterances, 1 s of low noise after each; and where each utterance's speech ends."""

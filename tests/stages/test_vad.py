@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from speech import PERTURBATIONS, perturb
+from speech import STEP_IDS, STEPS, perturb
 
 from agent.config import VADConfig
 from agent.errors import MissingExtraError, ModelNotFoundError
@@ -29,11 +29,9 @@ from stages.vad import WINDOW, SileroModel, VADStage
 DATA = Path(__file__).resolve().parents[1] / "data"
 SR = 16_000
 TOLERANCE = int(0.25 * SR)  # segment boundaries must match the reference within 250 ms
-# Every test on real speech also runs with each sample one step off (+1, -1, a seeded random ±1):
-# the proof that no assert sits on Silero's edge. Another CPU's kernels move the probabilities
+# Every test on real speech also runs with each sample one step off (speech.STEPS: +1, -1, a
+# seeded random ±1): the proof that no assert sits on Silero's edge. Another CPU's kernels move the probabilities
 # far less than that (test_other_kernels_move_the_probabilities_by_rounding_only).
-STEPS = ["", *PERTURBATIONS]
-STEP_IDS = ["exact", "plus1", "minus1", "dither"]
 
 # Speech inside each clip, in seconds: the first and last 10 ms frame whose RMS is within 35 dB
 # of the clip's loudest frame (an energy reference that owes nothing to Silero).

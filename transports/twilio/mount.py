@@ -70,7 +70,7 @@ def add_twilio_routes(
             request.scheme,
         ))
         if isinstance(decision, Refusal):
-            if decision.reason == "limit":  # a busy tone, not Twilio's "application error"
+            if decision.busy:
                 return web.Response(text=reject_twiml("busy"), content_type="text/xml")
             raise refusal_error(decision)
         return web.Response(text=connect_stream_twiml(stream_url(request)),

@@ -143,7 +143,6 @@ class TwilioServer:
     ) -> None:
         self.session_factory = session_factory
         self.host, self.port = host, port
-        self.public_url = public_url
         self.media_path, self.twiml_path = media_path, twiml_path
         self.on_call, self.on_end = on_call, on_end
         self.admission = Admission(host, max_calls=max_calls, public_url=public_url,
@@ -187,7 +186,7 @@ class TwilioServer:
             route, request.path, request.headers, dict(parse_qsl(query, keep_blank_values=True)),
         ))
         if isinstance(decision, Refusal):
-            if route is Route.TWILIO_WEBHOOK and decision.reason == "limit":
+            if route is Route.TWILIO_WEBHOOK and decision.busy:
                 return self._xml(connection, reject_twiml("busy"))
             return connection.respond(decision.status, decision.text)
         if route is Route.TWILIO_WEBHOOK:
