@@ -2,13 +2,17 @@
 inside; files decoded losslessly where they can be (a PCM file at the pipeline's rate comes back
 sample for sample); one float scale, ``int16 / 32768``, in both directions.
 
-The optional decoders (soundfile, av) and the resampler (soxr) are imported when first needed.
+Files come as paths, bytes or file objects, decoded the same way. The optional decoders
+(soundfile, av) and the resampler (soxr) are imported when first needed.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import wave
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -22,6 +26,9 @@ RATE = 16_000
 # step per round trip — enough to flip a small ASR model's word.)
 INT16_SCALE = 32768.0
 FROM_INT16 = np.float32(1.0 / INT16_SCALE)
+
+# a path, a file's bytes, or a binary file object holding them
+AudioSource = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
 
 # libsndfile subtypes whose samples are int16 values or fewer bits (read as int16: exact)
 _INT16_EXACT = {"PCM_16", "PCM_S8", "PCM_U8", "ULAW", "ALAW", "DWVW_12", "DWVW_16"}
@@ -59,26 +66,53 @@ def to_mono(frames: np.ndarray) -> np.ndarray:
     return ((total + channels // 2) // channels).astype(np.int16)  # halves round up
 
 
-def read_audio(path: str | Path, rate: int = RATE) -> np.ndarray:
-    """Decode ``path`` to mono int16 at ``rate``. Raises AudioInputError with the reason.
+def read_audio(source: AudioSource, rate: int = RATE, name: str | None = None) -> np.ndarray:
+    """Decode ``source`` — a path, the bytes of a file, or a binary file object (read from its
+    start) — to mono int16 at ``rate``. Raises AudioInputError with the reason; ``name`` is what
+    the messages call the audio (default: the path, or "the audio" for bytes and file objects).
 
     A file whose samples are 16-bit (or fewer) integers — PCM WAV/FLAC/AIFF, G.711 — is read as
     integers, never through floats: at ``rate`` it comes back bit-exact. Other encodings (24-bit,
-    float, lossy codecs) are decoded to float and rounded once."""
-    p = Path(path)
-    if not p.exists():
-        raise AudioInputError(f"audio file not found: {p}")
-    if p.is_dir():
-        raise AudioInputError(f"expected an audio file, got a directory: {p}")
-    if p.stat().st_size == 0:
-        raise AudioInputError(f"audio file is empty: {p}")
-    frames, sr = _decode(p)
+    float, lossy codecs) are decoded to float and rounded once. Bytes and file objects are
+    decoded in memory, exactly as the same file on disk would be."""
+    if isinstance(source, (str, os.PathLike)):
+        p = Path(source)
+        label = name or str(p)
+        if not p.exists():
+            raise AudioInputError(f"audio file not found: {label}")
+        if p.is_dir():
+            raise AudioInputError(f"expected an audio file, got a directory: {label}")
+        if p.stat().st_size == 0:
+            raise AudioInputError(f"audio file is empty: {label}")
+        opened: str | BinaryIO = str(p)
+    else:
+        label = name or "the audio"
+        opened = _in_memory(source, label)
+    frames, sr = _decode(opened, label)
     if frames.size == 0:
-        raise AudioInputError(f"audio file holds no samples: {p}")
+        raise AudioInputError(f"audio file holds no samples: {label}")
     return resample(to_mono(frames), sr, rate)
 
 
-def _decode(p: Path) -> tuple[np.ndarray, int]:
+def _in_memory(source: bytes | bytearray | memoryview | BinaryIO, label: str) -> BinaryIO:
+    """A seekable file object over ``source`` (the decoders seek; a pipe is read into memory)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data: BinaryIO = io.BytesIO(source)
+    else:
+        data = source if source.seekable() else io.BytesIO(source.read())
+    if data.seek(0, io.SEEK_END) == 0:
+        raise AudioInputError(f"audio file is empty: {label}")
+    return data
+
+
+def _rewound(source: str | BinaryIO) -> str | BinaryIO:
+    """``source`` ready for a decoder to open: a path as it is, a file object at its start."""
+    if not isinstance(source, str):
+        source.seek(0)
+    return source
+
+
+def _decode(source: str | BinaryIO, label: str) -> tuple[np.ndarray, int]:
     """int16 samples (frames, channels) and the rate; soundfile first, then av."""
     try:
         import soundfile
@@ -86,12 +120,11 @@ def _decode(p: Path) -> tuple[np.ndarray, int]:
         soundfile = None
     if soundfile is not None:
         try:
-            info = soundfile.info(str(p))
-            if info.subtype in _INT16_EXACT:
-                data, sr = soundfile.read(str(p), dtype="int16", always_2d=True)
-                return data, int(sr)
-            data, sr = soundfile.read(str(p), dtype="float32", always_2d=True)  # 24 bits exact
-            return float_to_int16(data), int(sr)
+            with soundfile.SoundFile(_rewound(source)) as f:
+                if f.subtype in _INT16_EXACT:
+                    return f.read(dtype="int16", always_2d=True), int(f.samplerate)
+                # float32 holds 24-bit samples exactly
+                return float_to_int16(f.read(dtype="float32", always_2d=True)), int(f.samplerate)
         except Exception:  # soundfile cannot read it: MP3 on old libsndfile, M4A, ...
             pass
     try:
@@ -100,18 +133,18 @@ def _decode(p: Path) -> tuple[np.ndarray, int]:
         if soundfile is None:
             require("soundfile", what="reading audio files", extra="embedded")
         raise AudioInputError(
-            f"cannot decode {p}: not a format soundfile reads, and av is not installed "
+            f"cannot decode {label}: not a format soundfile reads, and av is not installed "
             "(pip install 'voxline[embedded]')"
         ) from None
-    return _decode_av(av, p)
+    return _decode_av(av, source, label)
 
 
-def _decode_av(av: object, p: Path) -> tuple[np.ndarray, int]:
+def _decode_av(av: object, source: str | BinaryIO, label: str) -> tuple[np.ndarray, int]:
     try:
-        with av.open(str(p)) as container:  # type: ignore[attr-defined]
+        with av.open(_rewound(source)) as container:  # type: ignore[attr-defined]
             streams = [s for s in container.streams if s.type == "audio"]
             if not streams:
-                raise AudioInputError(f"{p} has no audio stream")
+                raise AudioInputError(f"{label} has no audio stream")
             stream = streams[0]
             sr = stream.rate or RATE
             # integer codecs stay integers (u8 becomes s16 exactly); the rest become float once
@@ -125,9 +158,12 @@ def _decode_av(av: object, p: Path) -> tuple[np.ndarray, int]:
     except AudioInputError:
         raise
     except Exception as exc:
-        raise AudioInputError(f"cannot decode {p}: unknown or corrupt audio format ({exc})") from None
+        why: object = exc
+        if isinstance(exc, av.error.FFmpegError) and exc.strerror:  # type: ignore[attr-defined]
+            why = exc.strerror  # FFmpeg's words, without the file name ('<none>' for bytes)
+        raise AudioInputError(f"cannot decode {label}: unknown or corrupt audio format ({why})") from None
     if not parts:
-        raise AudioInputError(f"audio file holds no samples: {p}")
+        raise AudioInputError(f"audio file holds no samples: {label}")
     data = np.concatenate(parts)
     return (data if exact else float_to_int16(data)), int(sr)
 

@@ -1,5 +1,6 @@
-"""Offline transcription: long audio cut at VAD pauses into chunks of at most ``max_chunk_s``,
-all chunks of all files transcribed in large batches. Throughput rules here, not latency."""
+"""Offline transcription: long audio cut at VAD pauses into chunks of at most ``max_chunk_s``
+(:func:`stages.asr.cutting.chunk_regions`), all chunks of all files transcribed in large
+batches. Throughput rules here, not latency."""
 
 from __future__ import annotations
 
@@ -9,17 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent.audio import RATE
 from stages.asr.backend import ASRBackend
+from stages.asr.cutting import Segment, chunk_regions, joined
 
-RATE = 16_000
-WINDOW = 512
-
-
-@dataclass(slots=True, frozen=True)
-class Segment:
-    start: float  # seconds in the file
-    end: float
-    text: str
+WINDOW = 512  # samples per Silero VAD window (32 ms)
 
 
 @dataclass(slots=True)
@@ -30,7 +25,7 @@ class FileResult:
 
     @property
     def text(self) -> str:
-        return " ".join(s.text for s in self.segments if s.text).strip()
+        return joined(self.segments)
 
     def as_dict(self) -> dict:
         return {
@@ -38,7 +33,7 @@ class FileResult:
             "duration_s": round(self.duration_s, 3),
             "text": self.text,
             "segments": [
-                {"start": round(s.start, 2), "end": round(s.end, 2), "text": s.text}
+                {"start": round(s.start_s, 2), "end": round(s.end_s, 2), "text": s.text}
                 for s in self.segments
             ],
         }
@@ -67,34 +62,6 @@ def speech_regions(
         regions.append((start, len(probs) - silent))
     n = len(probs)
     return [(max(0, a - pad_windows) * WINDOW, min(n, b + pad_windows) * WINDOW) for a, b in regions]
-
-
-def chunk_regions(regions: list[tuple[int, int]], max_chunk_s: float, total: int) -> list[tuple[int, int]]:
-    """Merge speech regions into chunks no longer than ``max_chunk_s``, cutting only at pauses;
-    a region longer than that alone is cut into equal pieces."""
-    limit = int(max_chunk_s * RATE)
-    chunks: list[tuple[int, int]] = []
-    cur: tuple[int, int] | None = None
-    for a, b in regions:
-        b = min(b, total)
-        if b - a > limit:
-            if cur:
-                chunks.append(cur)
-                cur = None
-            pieces = -(-(b - a) // limit)
-            step = -(-(b - a) // pieces)
-            chunks.extend((x, min(x + step, b)) for x in range(a, b, step))
-            continue
-        if cur is None:
-            cur = (a, b)
-        elif b - cur[0] <= limit:
-            cur = (cur[0], b)
-        else:
-            chunks.append(cur)
-            cur = (a, b)
-    if cur:
-        chunks.append(cur)
-    return chunks
 
 
 def vad_probs(audio: np.ndarray, vad: object) -> np.ndarray:
@@ -185,7 +152,7 @@ def transcribe_files(
             on_progress(sum((jobs[j][2] - jobs[j][1]) / RATE * share[jobs[j][0]] for j in part))
     for j, (fi, a, b) in enumerate(jobs):
         if texts.get(j):
-            results[fi].segments.append(Segment(a / RATE, b / RATE, texts[j]))
+            results[fi].segments.append(Segment(texts[j], a, b))
     for r in results:
         r.segments.sort(key=lambda s: s.start)
     return results

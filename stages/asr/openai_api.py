@@ -4,27 +4,34 @@ server's event loop), so existing OpenAI clients can use the shared engine uncha
 Multipart fields: ``file`` (required), ``model`` (accepted, any name), ``response_format``
 (json | text | verbose_json), ``stream`` (true: server-sent events ``transcript.text.delta`` /
 ``transcript.text.done``); ``language``, ``prompt`` and ``temperature`` are accepted and ignored.
-Uploads are decoded like ``voxline run`` inputs (any common format and rate) on one decode
-thread, never on the loop.
+Uploads are decoded in memory like ``voxline run`` inputs (any common format and rate) on one
+decode thread, never on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
-import os
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, Protocol
 
 import numpy as np
 
+from agent.audio import RATE, read_audio
 from agent.errors import AudioInputError, CapacityError, require
+from stages.asr.engine import ASREngine
 from stages.asr.long_audio import Segment, joined, transcribe_long
 
-if TYPE_CHECKING:
-    from stages.asr.server import ASRServer
+
+class TranscriptionServer(Protocol):
+    """What the endpoint needs of the server it serves for (asr-serve's ``ASRServer``)."""
+
+    engine: ASREngine  # shared with the server's socket streams; one slot per request
+    decode_pool: Executor | None  # where uploads are decoded; None: :func:`start` makes one
+    language: str  # reported by ``verbose_json``
+    max_file_samples: int  # the longest upload, decoded, in samples at 16 kHz
+
 
 PATH = "/v1/audio/transcriptions"
 FORMATS = ("json", "text", "verbose_json")
@@ -37,8 +44,9 @@ class RequestError(Exception):
         self.status, self.param, self.kind = status, param, kind
 
 
-async def start(server: ASRServer, host: str, port: int, max_upload_mb: float) -> tuple[Any, int]:
-    """Start the endpoint; returns the aiohttp runner (to clean up) and the bound port."""
+async def start(server: TranscriptionServer, host: str, port: int, max_upload_mb: float) -> tuple[Any, int]:
+    """Start the endpoint; returns the aiohttp runner (to clean up) and the bound port. A
+    ``server.decode_pool`` of None is replaced by a one-thread pool the server then owns."""
     web = require("aiohttp.web", what="the asr-serve HTTP endpoint", extra="serve", package="aiohttp")
     if server.decode_pool is None:
         server.decode_pool = ThreadPoolExecutor(1, thread_name_prefix="asr-decode")
@@ -68,6 +76,9 @@ async def start(server: ASRServer, host: str, port: int, max_upload_mb: float) -
         data, filename = form["file"]
         loop = asyncio.get_running_loop()
         pcm = await loop.run_in_executor(server.decode_pool, _decode, data, filename)
+        if len(pcm) > server.max_file_samples:
+            raise RequestError(413, f"the uploaded audio is {len(pcm) / RATE:.0f} s long; this "
+                               f"server takes at most {server.max_file_samples / RATE:.0f} s", "file")
         try:
             slot = server.engine.open()
         except CapacityError as exc:
@@ -86,10 +97,10 @@ async def start(server: ASRServer, host: str, port: int, max_upload_mb: float) -
         return web.json_response({
             "task": "transcribe",
             "language": server.language,
-            "duration": round(len(pcm) / 16000, 3),
+            "duration": round(len(pcm) / RATE, 3),
             "text": text,
             "segments": [
-                {"id": i, "seek": 0, "start": s.start, "end": s.end, "text": s.text}
+                {"id": i, "seek": 0, "start": round(s.start_s, 3), "end": round(s.end_s, 3), "text": s.text}
                 for i, s in enumerate(segments)
             ],
         })
@@ -113,13 +124,13 @@ async def _read_form(request: Any, limit: int) -> dict[str, Any]:
     while (part := await reader.next()) is not None:
         name = part.name or ""
         if name == "file":
-            buf = bytearray()
+            buf = io.BytesIO()  # decoded from here: no temporary file, no second copy
             while chunk := await part.read_chunk(1 << 16):
-                buf += chunk
-                if len(buf) > limit:
+                buf.write(chunk)
+                if buf.tell() > limit:
                     raise RequestError(413, f"the uploaded file is larger than "
                                        f"{limit / 1048576:.0f} MB", "file")
-            form["file"] = (bytes(buf), part.filename or "audio")
+            form["file"] = (buf, part.filename or "audio")
         else:
             raw = bytearray()
             while chunk := await part.read_chunk(1024):
@@ -130,30 +141,20 @@ async def _read_form(request: Any, limit: int) -> dict[str, Any]:
     if "file" not in form:
         raise RequestError(400, "missing the `file` field: upload the audio as multipart field "
                            "`file`", "file")
-    if not form["file"][0]:
+    if form["file"][0].tell() == 0:  # written, not rewound: its position is its size
         raise RequestError(400, "the uploaded file is empty", "file")
     return form
 
 
-def _decode(data: bytes, filename: str) -> np.ndarray:
-    """Decode with ``read_audio`` (it takes a path): through a temporary file."""
-    from agent.audio import read_audio
-
-    suffix = Path(filename).suffix[:10] if Path(filename).suffix.isascii() else ""
-    fd, path = tempfile.mkstemp(prefix="voxline-upload-", suffix=suffix)
+def _decode(data: io.BytesIO, filename: str) -> np.ndarray:
+    """The upload as 16 kHz int16, decoded in memory (on the decode thread)."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        try:
-            return read_audio(path)
-        except AudioInputError as exc:
-            raise RequestError(400, f"could not decode the uploaded audio: {exc}".replace(path, filename),
-                               "file") from None
-    finally:
-        os.unlink(path)
+        return read_audio(data, name=filename)
+    except AudioInputError as exc:
+        raise RequestError(400, f"could not decode the uploaded audio: {exc}", "file") from None
 
 
-async def _stream(web: Any, request: Any, server: ASRServer, slot: Any, pcm: np.ndarray) -> Any:
+async def _stream(web: Any, request: Any, server: TranscriptionServer, slot: Any, pcm: np.ndarray) -> Any:
     """Server-sent events: one ``transcript.text.delta`` per chunk, then ``transcript.text.done``."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)

@@ -10,7 +10,6 @@ from agent.config import VADConfig
 from stages.asr.offline import (
     RATE,
     WINDOW,
-    chunk_regions,
     speech_regions,
     vad_probs,
     vad_probs_many,
@@ -25,16 +24,6 @@ def test_regions_with_hysteresis_and_short_pauses_kept():
     p = np.array([0, 0.9, 0.9, 0.4, 0.9, 0, 0, 0, 0, 0, 0, 0, 0, 0.8, 0.8, 0], dtype=np.float32)
     r = speech_regions(p, min_silence_windows=4, pad_windows=0)
     assert r == [(1 * WINDOW, 5 * WINDOW), (13 * WINDOW, 15 * WINDOW)]
-
-
-def test_chunks_cut_only_at_pauses_and_respect_the_limit():
-    s = RATE
-    regions = [(0, 5 * s), (6 * s, 12 * s), (13 * s, 20 * s), (21 * s, 70 * s)]
-    chunks = chunk_regions(regions, max_chunk_s=15, total=80 * s)
-    assert chunks[0] == (0, 12 * s) and chunks[1] == (13 * s, 20 * s)
-    long = chunks[2:]
-    assert all(b - a <= 15 * s for a, b in long) and long[0][0] == 21 * s and long[-1][1] == 70 * s
-    assert all(b - a <= 15 * s for a, b in chunks)
 
 
 def test_batched_vad_of_many_files_and_long_pieces_matches_one_file_at_a_time():
