@@ -71,8 +71,8 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     llm = backend_class("llm", cfg.llm.backend)(cfg.llm) if need_llm else None
     tts = backend_class("tts", cfg.tts.backend)(cfg.tts) if need_tts else None
     for m in (backend, llm, tts):
-        if m is not None and hasattr(m, "warmup"):
-            m.warmup()
+        if m is not None:
+            m.warmup()  # declared by every backend protocol (ASRBackend, ChatLLM, TTS)
     # one engine per model per process: every call's ASR requests share its batches
     asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     return Models(vad=vad, asr=asr, llm=llm, tts=tts)

@@ -36,7 +36,7 @@ from emit import emit  # noqa: E402
 
 from agent.runtime import run  # noqa: E402
 from stages.asr import wire  # noqa: E402
-from stages.asr.backend import Hypothesis  # noqa: E402
+from stages.asr.backend import ASRCapabilities, Hypothesis  # noqa: E402
 from stages.asr.engine import ASREngine  # noqa: E402
 from stages.asr.long_audio import transcribe_long  # noqa: E402
 
@@ -50,6 +50,7 @@ class CountingBackend:
     name = "counting"
     sample_rate = RATE
     max_batch = 16
+    capabilities = ASRCapabilities(sample_rate=RATE, max_batch=16)
 
     def transcribe_batch(self, audio, prompts=None):  # noqa: ANN001, ANN201
         return [Hypothesis(f"{len(a)} {float(np.abs(a).mean()):.4f}") for a in audio]

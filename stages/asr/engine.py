@@ -3,11 +3,12 @@
 Sessions submit transcription requests for their slot's utterance audio; a dedicated worker
 thread gathers the requests of all sessions for a short window (or until the batch is full) and
 runs ONE batched backend call for them — one such thread (a lane) per backend call the backend
-runs at once (its ``workers``; one per CPU thread for Whisper). Two guards: ``window_ms`` bounds how long the first
-request of a batch waits for company, and ``max_latency_ms`` bounds a partial's total age — a
-partial older than that is dropped (a newer one supersedes it) so an overloaded engine sheds
-stale work instead of falling further behind. Finals are never dropped and go first; within
-finals and within partials, requests are served oldest first, so nobody starves.
+runs at once (``capabilities.lanes``; one per CPU thread for Whisper). Two guards: ``window_ms``
+bounds how long the first request of a batch waits for company, and ``max_latency_ms`` bounds a
+partial's total age — a partial older than that is dropped (a newer one supersedes it) so an
+overloaded engine sheds stale work instead of falling further behind. Finals are never dropped
+and go first; within finals and within partials, requests are served oldest first, so nobody
+starves. The engine schedules from the backend's declared :class:`ASRCapabilities` only.
 """
 
 from __future__ import annotations
@@ -18,10 +19,17 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
-from stages.asr.backend import ASRBackend, Hypothesis
+from stages.asr.backend import (
+    ASRBackend,
+    BatchCost,
+    Hypothesis,
+    StatefulASRBackend,
+    StreamState,
+)
 from stages.asr.slots import Slot, SlotPool
 
 log = logging.getLogger("voxline.asr.engine")
@@ -37,6 +45,7 @@ class Request:
     enqueued_ns: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Hypothesis | None]
+    state: StreamState | None = None  # the slot's stream state (stateful backends)
 
 
 @dataclass(slots=True)
@@ -58,6 +67,12 @@ class ASREngine:
 
     ``batching=False`` runs each request alone (one backend call per request) through the same
     worker — the baseline the capacity benchmark compares against.
+
+    With a stateful backend (``capabilities.stateful``) the engine opens the backend's state for
+    a stream in :meth:`open`, keeps it in the slot, passes it with each request of that stream
+    and closes it in :meth:`close_slot`. Each request then carries the stream's audio since
+    its previous request, so none may be lost or reordered: a stream's requests run one at a
+    time and in order, and stale partials are not dropped.
     """
 
     def __init__(
@@ -70,10 +85,21 @@ class ASREngine:
         max_seconds: float = 30.0,
         batching: bool = True,
     ) -> None:
+        caps = backend.capabilities
         self.backend = backend
-        self.pool = SlotPool(capacity, max_seconds=max_seconds, rate=backend.sample_rate)
+        self.capabilities = caps
+        self._streams: StatefulASRBackend | None = None
+        if caps.stateful:
+            if not isinstance(backend, StatefulASRBackend):
+                raise TypeError(
+                    f"ASR backend {backend.name!r} declares stateful streaming but lacks "
+                    "open_stream/close_stream/transcribe_streams — implement them or declare "
+                    "stateful=False"
+                )
+            self._streams = cast(StatefulASRBackend, backend)
+        self.pool = SlotPool(capacity, max_seconds=max_seconds, rate=caps.sample_rate)
         self.window_ns = int(window_ms * 1e6)
-        self.max_batch = max(1, min(max_batch or backend.max_batch, backend.max_batch))
+        self.max_batch = max(1, min(max_batch or caps.max_batch, caps.max_batch))
         if not batching:
             self.max_batch = 1
         self.max_latency_ns = int(max_latency_ms * 1e6)
@@ -81,13 +107,17 @@ class ASREngine:
         self._queue: deque[Request] = deque()
         self._cv = threading.Condition()
         self._closed = False
-        # One worker thread per backend call the backend runs at once (its ``workers``): each
-        # gathers and runs its own batch, so a final need not wait for a batch of partials.
-        self.lanes = max(1, int(getattr(backend, "workers", 1)))
+        # Stateful backends: the states in a running call (by id), and those whose slot was
+        # released meanwhile, closed when that call returns.
+        self._running: set[int] = set()
+        self._closing: dict[int, StreamState] = {}
+        # One worker thread per backend call the backend runs at once: each gathers and runs
+        # its own batch, so a final need not wait for a batch of partials.
+        self.lanes = caps.lanes
         # On a backend whose batch costs what its parts cost (Whisper on CPU), a final shares
         # its batch with no partial when another lane can take the partials: they would only
         # make it wait. (With one lane this measured worse: the partials then wait instead.)
-        self.finals_alone = bool(getattr(backend, "linear_batch_cost", False)) and self.lanes > 1
+        self.finals_alone = caps.batch_cost is BatchCost.LINEAR and self.lanes > 1
         self._threads = [
             threading.Thread(target=self._work, name=f"asr-engine-{i}", daemon=True)
             for i in range(self.lanes)
@@ -97,31 +127,51 @@ class ASREngine:
 
     # --- slots -------------------------------------------------------------------------------
     def open(self) -> Slot:
-        """Take a slot for a new stream (raises CapacityError when the pool is full)."""
-        return self.pool.acquire()
+        """Take a slot for a new stream (raises CapacityError when the pool is full); with a
+        stateful backend, the slot gets a fresh stream state."""
+        slot = self.pool.acquire()
+        if self._streams is not None:
+            try:
+                slot.stream_state = self._streams.open_stream()
+            except BaseException:
+                self.pool.release(slot)
+                raise
+        return slot
 
     def close_slot(self, slot: Slot) -> None:
-        """Give a slot back, zeroed; its requests still queued are dropped."""
+        """Give a slot back, zeroed; its requests still queued are dropped, and its stream state
+        (stateful backends) is closed — once the call using it, if any, has returned."""
+        state, slot.stream_state = slot.stream_state, None
         with self._cv:
             kept = deque(r for r in self._queue if r.slot is not slot)
             for r in self._queue:
                 if r.slot is slot:
                     r.loop.call_soon_threadsafe(_resolve, r.future, None)
             self._queue = kept
+            if state is not None and id(state) in self._running:
+                self._closing[id(state)] = state
+                state = None
         self.pool.release(slot)
+        if state is not None and self._streams is not None:
+            self._streams.close_stream(state)
 
     # --- requests ----------------------------------------------------------------------------
     def submit(
         self, slot: Slot, audio: np.ndarray, final: bool = False, prompt: str = ""
     ) -> asyncio.Future[Hypothesis | None]:
         """Queue ``audio`` (float32, a copy the caller won't touch) of ``slot`` for transcription;
-        ``prompt`` is the text that came before it (the model's context).
+        ``prompt`` is the text that came before it (the model's context; left out for a
+        backend that declares it takes no prompts). With a stateful backend ``audio`` is the
+        stream's audio since its previous request and ``final`` ends the utterance.
 
         The future resolves to a Hypothesis, or None when the request was dropped (stale
         partial, slot released, engine closed)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Hypothesis | None] = loop.create_future()
-        req = Request(slot, slot.generation, audio, final, prompt, time.monotonic_ns(), loop, fut)
+        now = time.monotonic_ns()
+        req = Request(
+            slot, slot.generation, audio, final, prompt, now, loop, fut, slot.stream_state
+        )
         slot.stats.requests += 1
         with self._cv:
             if self._closed:
@@ -145,36 +195,59 @@ class ASREngine:
     # --- worker thread -----------------------------------------------------------------------
     def _gather(self) -> list[Request] | None:
         with self._cv:
-            while not self._queue and not self._closed:
+            while True:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return None
+                # wait for company: until the window after the oldest request ends or the batch
+                # is full
+                deadline = self._queue[0].enqueued_ns + self.window_ns
+                while len(self._queue) < self.max_batch and not self._closed:
+                    left = deadline - time.monotonic_ns()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left / 1e9)
+                now = time.monotonic_ns()
+                # A stateful stream's request carries audio its state has not seen: never stale.
+                stale_ns = self.max_latency_ns if self._streams is None else None
+                live: list[Request] = []
+                for r in self._queue:
+                    if r.slot.generation != r.generation or (
+                        stale_ns is not None and not r.final and now - r.enqueued_ns > stale_ns
+                    ):
+                        self.stats.dropped_stale += 1
+                        r.loop.call_soon_threadsafe(_resolve, r.future, None)
+                    else:
+                        live.append(r)
+                batch = self._pick(live)
+                taken = set(batch)
+                self._queue = deque(r for r in live if r not in taken)
+                if batch or not self._queue:
+                    self._running.update(id(r.state) for r in batch if r.state is not None)
+                    return batch
+                # Every stream queued is in a running call: wait until one returns.
                 self._cv.wait()
-            if self._closed:
-                return None
-            # wait for company: until the window after the oldest request ends or the batch is full
-            deadline = self._queue[0].enqueued_ns + self.window_ns
-            while len(self._queue) < self.max_batch and not self._closed:
-                left = deadline - time.monotonic_ns()
-                if left <= 0:
-                    break
-                self._cv.wait(left / 1e9)
-            now = time.monotonic_ns()
-            live: list[Request] = []
-            for r in self._queue:
-                if r.slot.generation != r.generation or (
-                    not r.final and now - r.enqueued_ns > self.max_latency_ns
-                ):
-                    self.stats.dropped_stale += 1
-                    r.loop.call_soon_threadsafe(_resolve, r.future, None)
-                else:
-                    live.append(r)
-            # Finals first (a caller waits for the answer), then partials; oldest first within
-            # each (the queue is in arrival order). A stream has one request outstanding at
-            # most, so partials wait behind at most one final per stream.
-            batch = [r for r in live if r.final][: self.max_batch]
-            if not (batch and self.finals_alone):
-                batch += [r for r in live if not r.final][: self.max_batch - len(batch)]
-            taken = set(batch)
-            self._queue = deque(r for r in live if r not in taken)
-            return batch
+
+    def _pick(self, live: list[Request]) -> list[Request]:
+        """The next batch from the live requests (in arrival order); called with the lock."""
+        if self._streams is not None:
+            # One request per stream and call, the oldest, and none of a stream in a call.
+            seen = set(self._running)
+            first: list[Request] = []
+            for r in live:
+                key = id(r.state)
+                if key not in seen:
+                    seen.add(key)
+                    first.append(r)
+            live = first
+        # Finals first (a caller waits for the answer), then partials; oldest first within
+        # each (the queue is in arrival order). A stream has one request outstanding at
+        # most, so partials wait behind at most one final per stream.
+        batch = [r for r in live if r.final][: self.max_batch]
+        if not (batch and self.finals_alone):
+            batch += [r for r in live if not r.final][: self.max_batch - len(batch)]
+        return batch
 
     def _work(self) -> None:
         while True:
@@ -185,17 +258,18 @@ class ASREngine:
                 continue
             t0 = time.perf_counter()
             try:
-                prompts = [r.prompt for r in batch]
-                hyps = self.backend.transcribe_batch(
-                    [r.audio for r in batch], prompts if any(prompts) else None
-                )
+                hyps = self._call(batch)
             except Exception as exc:  # a failing batch fails its requests, not the engine
                 log.exception("ASR backend failed on a batch of %d", len(batch))
                 for r in batch:
                     r.loop.call_soon_threadsafe(_fail, r.future, exc)
-                continue
+                hyps = None
             finally:
                 busy = time.perf_counter() - t0
+                if self._streams is not None:
+                    self._returned(batch)
+            if hyps is None:
+                continue
             with self._cv:
                 st = self.stats
                 st.busy_s += busy
@@ -204,6 +278,37 @@ class ASREngine:
                 st.batch_sizes[len(batch)] = st.batch_sizes.get(len(batch), 0) + 1
             for r, h in zip(batch, hyps, strict=True):
                 r.loop.call_soon_threadsafe(_resolve, r.future, h)
+
+    def _call(self, batch: list[Request]) -> list[Hypothesis]:
+        prompts: list[str] | None = None
+        if self.capabilities.prompts:
+            prompts = [r.prompt for r in batch]
+            if not any(prompts):
+                prompts = None
+        audio = [r.audio for r in batch]
+        if self._streams is None:
+            return self.backend.transcribe_batch(audio, prompts)
+        return self._streams.transcribe_streams(
+            audio, [r.state for r in batch], [r.final for r in batch], prompts
+        )
+
+    def _returned(self, batch: list[Request]) -> None:
+        """A stateful call returned: its streams may run again, and the states of the slots
+        released meanwhile are closed now."""
+        assert self._streams is not None
+        with self._cv:
+            done = []
+            for r in batch:
+                key = id(r.state)
+                self._running.discard(key)
+                if key in self._closing:
+                    done.append(self._closing.pop(key))
+            self._cv.notify_all()
+        for state in done:
+            try:
+                self._streams.close_stream(state)
+            except Exception:
+                log.exception("ASR backend failed to close a stream state")
 
 
 def _resolve(fut: asyncio.Future, value: object) -> None:

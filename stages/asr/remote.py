@@ -21,9 +21,15 @@ from agent.audio import float_to_int16
 from agent.config import ASRConfig
 from agent.errors import VoxlineError
 from stages.asr import wire
-from stages.asr.backend import Hypothesis
+from stages.asr.backend import ASRCapabilities, BatchCost, Hypothesis
 
 SHM_ABOVE_S = 30.0  # buffers longer than this go through shared memory instead of the socket
+# Calls in flight at once (the engine's lanes). The server batches every client's streams
+# itself, so a call here costs a waiting thread and no CPU; with one lane a final waited out
+# the round trip of a batch of partials ahead of it and two batching windows stacked. Four
+# lets a final overtake the partials of a few windows while the requests of one process still
+# reach the server together, where they share its batches.
+DEFAULT_LANES = 4
 
 
 class RemoteASRError(VoxlineError):
@@ -44,10 +50,22 @@ class RemoteASRBackend:
     sample_rate = wire.SAMPLE_RATE
 
     def __init__(self, cfg: ASRConfig, socket_path: str | None = None, max_batch: int = 64,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, lanes: int | None = None) -> None:
+        """``lanes``: calls in flight at once; default ``cfg.workers``, else
+        :data:`DEFAULT_LANES`."""
         self.cfg = cfg
         self.path = socket_path or cfg.model or os.environ.get("VOXLINE_ASR_SOCKET") or wire.DEFAULT_SOCKET
-        self.max_batch = max_batch
+        self.capabilities = ASRCapabilities(
+            sample_rate=wire.SAMPLE_RATE,
+            max_batch=max_batch,
+            lanes=lanes or cfg.workers or DEFAULT_LANES,
+            # Every buffer becomes a stream of its own on the server, and a call returns when
+            # its slowest buffer does: a bigger batch here saves nothing and only makes a final
+            # wait for partials, so it is declared linear (finals then go alone).
+            batch_cost=BatchCost.LINEAR,
+            prompts=False,  # the wire protocol carries no per-request prompt
+            word_times=False,  # a FINAL carries text only
+        )
         self.timeout_s = timeout_s
         self._lock = threading.Lock()  # guards the socket, the stream counter and the waiters
         self._sock: socket.socket | None = None
@@ -55,6 +73,10 @@ class RemoteASRBackend:
         self._next = 0
 
     # --- the backend interface ---------------------------------------------------------------
+    @property
+    def max_batch(self) -> int:
+        return self.capabilities.max_batch
+
     def transcribe_batch(
         self, audio: Sequence[np.ndarray], prompts: Sequence[str] | None = None
     ) -> list[Hypothesis]:

@@ -26,7 +26,9 @@ class SlotStats:
 
 @dataclass(slots=True, eq=False)
 class Slot:
-    """One stream's state: its utterance audio (speech only) and its hypothesis state."""
+    """One stream's state: its utterance audio (speech only), its hypothesis state and, for a
+    stateful backend, the backend's own state for the stream (opened and closed by the
+    engine, opaque to everyone else)."""
 
     index: int
     audio: np.ndarray  # float32, preallocated, capacity samples
@@ -36,6 +38,7 @@ class Slot:
     last_words: tuple[str, ...] = ()
     generation: int = 0  # bumped on release: results for an older generation are discarded
     in_use: bool = False
+    stream_state: object | None = None  # a StatefulASRBackend's state; None for the others
     stats: SlotStats = field(default_factory=SlotStats)
 
     @property

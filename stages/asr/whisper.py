@@ -16,7 +16,7 @@ import numpy as np
 
 from agent.config import ASRConfig
 from agent.errors import ModelNotFoundError, require
-from stages.asr.backend import Hypothesis
+from stages.asr.backend import ASRCapabilities, BatchCost, Hypothesis
 
 SAMPLE_RATE = 16_000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper's encoder always sees a 30-s window
@@ -80,9 +80,6 @@ class WhisperBackend:
 
     name = "whisper"
     sample_rate = SAMPLE_RATE
-    # On CPU a batch costs about what its buffers cost one by one (measured: a batch of 8 saved
-    # 7-22% over 8 single calls), so the engine never makes a final share a batch with partials.
-    linear_batch_cost = True
 
     def __init__(
         self, cfg: ASRConfig, max_batch: int | None = None, short_window: bool = True
@@ -94,13 +91,22 @@ class WhisperBackend:
             package="faster-whisper",
         )
         self.cfg = cfg
-        self.max_batch = max(1, max_batch or cfg.max_batch)
         self.short_window = short_window
         # ``workers`` generate calls run at once, the threads shared out between them (default:
         # one per thread). On 2 cores two 1-thread calls beat one 2-thread call by 10-25% in
         # throughput, while one call alone is only ~7% slower on 1 thread than on 2 (158 vs
         # 169 ms for 5.8 s of speech): a decoder step is too small to split well.
         self.workers = max(1, cfg.workers or cfg.threads)
+        self.capabilities = ASRCapabilities(
+            sample_rate=SAMPLE_RATE,
+            max_batch=max(1, max_batch or cfg.max_batch),
+            lanes=self.workers,
+            # On CPU a batch costs about what its buffers cost one by one (measured: a batch
+            # of 8 saved 7-22% over 8 single calls), so a final never waits for partials.
+            batch_cost=BatchCost.LINEAR,
+            prompts=True,  # the previous text goes in as <|startofprev|>
+            word_times=False,  # decoded without timestamps
+        )
         self.model_dir = _check_model_dir(Path(cfg.model) if cfg.model else embedded_model_dir())
         self._ct2 = ctranslate2
         self._model = ctranslate2.models.Whisper(
@@ -130,6 +136,10 @@ class WhisperBackend:
         self._lock = threading.Lock()
 
     # --- the backend interface -------------------------------------------------------------
+    @property
+    def max_batch(self) -> int:
+        return self.capabilities.max_batch
+
     def transcribe_batch(
         self, audio: Sequence[np.ndarray], prompts: Sequence[str] | None = None
     ) -> list[Hypothesis]:

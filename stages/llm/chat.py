@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
+
+
+@dataclass(slots=True, frozen=True)
+class LLMCapabilities:
+    """What an LLM backend can do, as data.
+
+    ``prefill``: it can evaluate a prompt ahead of the request that will send it (a local
+    model's KV cache), so the LLM stage calls :meth:`ChatLLM.prefill` while the end of the
+    caller's speech is being confirmed.
+    """
+
+    prefill: bool = False
 
 
 class ChatLLM(Protocol):
@@ -14,7 +27,16 @@ class ChatLLM(Protocol):
     (or closing the iterator) stops generation promptly and frees whatever runs it.
     """
 
+    @property
+    def capabilities(self) -> LLMCapabilities: ...
+
     def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]: ...
+
+    def prefill(self, messages: list[dict[str, str]]) -> asyncio.Future[None]:
+        """Evaluate the prompt for ``messages`` now, so that a request starting with them later
+        pays only for its first token. Called on the event loop, and only when
+        ``capabilities.prefill`` is true; the future is done when the prompt is in."""
+        ...
 
     def warmup(self) -> None:
         """Load what the first request would otherwise wait for. Blocking; call it off the loop."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from agent.config import LLMConfig
 from agent.errors import ModelNotFoundError, require
+from stages.llm.chat import LLMCapabilities
 
 _DONE = object()
 
@@ -44,6 +45,8 @@ class LocalLLM:
     Measured on a quiet 2-core box (docs/embedded-models.md): 72 tok/s and 65–136 ms to the
     first token with ``threads=1``; two threads are faster only when nothing else needs a core.
     """
+
+    capabilities = LLMCapabilities(prefill=True)  # llama.cpp keeps the evaluated prefix
 
     def __init__(self, cfg: LLMConfig) -> None:
         llama_cpp = require(

@@ -3,12 +3,14 @@ llama.cpp server, Ollama, hosted APIs), streaming the reply as Server-Sent Event
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from agent.config import LLMConfig
 from agent.errors import VoxlineError, require
+from stages.llm.chat import LLMCapabilities
 from stages.llm.sse import SSEParser
 
 # Connecting should fail fast even when a slow model is allowed a long read timeout.
@@ -36,6 +38,9 @@ class OpenAILLM:
     generating (vLLM, SGLang and llama.cpp all abort a request whose client went away).
     """
 
+    # The server owns the model and its prompt cache; nothing to evaluate ahead from here.
+    capabilities = LLMCapabilities(prefill=False)
+
     def __init__(self, cfg: LLMConfig) -> None:
         httpx = require("httpx", what="the OpenAI-compatible LLM client", extra="openai")
         self._httpx = httpx
@@ -52,6 +57,12 @@ class OpenAILLM:
 
     def warmup(self) -> None:
         """Nothing to load: the server owns the model."""
+
+    def prefill(self, messages: list[dict[str, str]]) -> asyncio.Future[None]:
+        """Nothing to do (``capabilities.prefill`` is false): a future that is already done."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]:
         httpx = self._httpx

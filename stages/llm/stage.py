@@ -40,6 +40,7 @@ class LLMStage(QueuedStage):
     """
 
     name = "llm"
+    consumes = frozenset({SpeechPaused, SpeechStarted, Transcript, UserTurnEnded, BotStartedSpeaking, BotStoppedSpeaking})
 
     def __init__(self, llm: ChatLLM, cfg: LLMConfig, agent: AgentConfig) -> None:
         super().__init__()
@@ -79,15 +80,14 @@ class LLMStage(QueuedStage):
         """The caller has paused and the ASR has the utterance: while the VAD waits out the
         rest of the silence, have a local LLM evaluate the prompt this turn will most likely
         send, so the real request pays only for its first token."""
-        prefill = getattr(self.llm, "prefill", None)
         text = text.strip()
-        if prefill is None or not text or not self.agent.prefill or self.busy:
+        if not self.llm.capabilities.prefill or not text or not self.agent.prefill or self.busy:
             return
         if self._prefilling is not None and not self._prefilling.done():
             return
         messages = self.history.messages() + [{"role": "user", "content": text}]
         self.prefills += 1
-        self._prefilling = prefill(messages)
+        self._prefilling = self.llm.prefill(messages)
         self._prefilling.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _yield_to_first_audio(self) -> None:

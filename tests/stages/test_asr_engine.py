@@ -9,7 +9,7 @@ import pytest
 import speech
 
 from agent.config import ASRConfig
-from stages.asr.backend import Hypothesis
+from stages.asr.backend import ASRCapabilities, BatchCost, Hypothesis
 from stages.asr.engine import ASREngine
 
 
@@ -21,14 +21,19 @@ class Recording:
     sample_rate = 16000
     max_batch = 8
 
-    def __init__(self, delay=0.0):
+    def __init__(self, delay=0.0, lanes=1, batch_cost=BatchCost.SUBLINEAR, prompts=False):
+        self.capabilities = ASRCapabilities(
+            sample_rate=16000, max_batch=8, lanes=lanes, batch_cost=batch_cost, prompts=prompts
+        )
         self.batches: list[list[int]] = []
+        self.prompts: list[list[str] | None] = []
         self.delay = delay
         self.threads = set()
 
     def transcribe_batch(self, audio, prompts=None):
         self.threads.add(threading.get_ident())
         self.batches.append([len(a) for a in audio])
+        self.prompts.append(None if prompts is None else list(prompts))
         time.sleep(self.delay)
         return [Hypothesis(text=str(len(a))) for a in audio]
 
@@ -105,8 +110,8 @@ def test_finals_go_before_older_partials_and_order_holds_within_each():
 
 def test_a_final_batches_alone_on_a_linear_cost_backend_with_two_lanes():
     async def run(linear: bool, workers: int):
-        be = Recording(delay=0.2)
-        be.linear_batch_cost, be.workers = linear, workers
+        cost = BatchCost.LINEAR if linear else BatchCost.SUBLINEAR
+        be = Recording(delay=0.2, lanes=workers, batch_cost=cost)
         eng = ASREngine(be, capacity=8, window_ms=1, max_batch=4)
         assert eng.lanes == workers and eng.finals_alone == (linear and workers > 1)
         slots = [eng.open() for _ in range(5)]
@@ -156,6 +161,182 @@ def test_released_slot_drops_its_queued_requests():
 
     (h1, h2), be = asyncio.run(main())
     assert h1.text == "1" and h2 is None and be.batches == [[1]]
+
+
+def test_prompts_reach_only_a_backend_that_declares_them():
+    async def run(prompts: bool):
+        be = Recording(prompts=prompts)
+        eng = ASREngine(be, capacity=4, window_ms=30)
+        a, b = eng.open(), eng.open()
+        await asyncio.gather(eng.submit(a, np.zeros(1, np.float32), prompt="hello there"),
+                             eng.submit(b, np.zeros(2, np.float32)))
+        await eng.submit(a, np.zeros(3, np.float32))  # no prompt in the batch at all
+        eng.close()
+        return be.prompts
+
+    assert asyncio.run(run(True)) == [["hello there", ""], None]
+    assert asyncio.run(run(False)) == [None, None]
+
+
+def test_capabilities_are_checked_when_declared():
+    with pytest.raises(ValueError, match="lanes >= 1"):
+        ASRCapabilities(sample_rate=16000, max_batch=4, lanes=0)
+    with pytest.raises(ValueError, match="max_batch >= 1"):
+        ASRCapabilities(sample_rate=16000, max_batch=0)
+    caps = ASRCapabilities(sample_rate=16000, max_batch=4)
+    assert (caps.lanes, caps.batch_cost, caps.prompts, caps.word_times, caps.stateful) == (
+        1, BatchCost.SUBLINEAR, False, False, False)
+
+
+# --- stateful backends: the stream state lives in the slot ---------------------------------------
+
+
+class StreamCount:
+    """One stream's state in :class:`CountingStreams`: the samples of its utterance so far."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.utterances = 0
+        self.open = True
+
+
+class CountingStreams:
+    """A deterministic stateful backend: each stream's hypothesis is the number of samples its
+    utterance has had so far, so a state shared, lost, reordered or reset shows in the text."""
+
+    name = "counting-streams"
+    sample_rate = 16000
+    max_batch = 8
+
+    def __init__(self, delay=0.0, lanes=1):
+        self.capabilities = ASRCapabilities(
+            sample_rate=16000, max_batch=8, lanes=lanes, stateful=True
+        )
+        self.delay = delay
+        self.opened: list[StreamCount] = []
+        self.closed: list[StreamCount] = []
+        self.calls: list[list[tuple[int, int, bool]]] = []  # (stream, samples, final) per call
+        self._lock = threading.Lock()
+        self._busy: set[int] = set()
+        self.overlapped = False  # one state in two calls at once
+
+    def open_stream(self) -> StreamCount:
+        state = StreamCount()
+        self.opened.append(state)
+        return state
+
+    def close_stream(self, state: StreamCount) -> None:
+        assert state.open and id(state) not in self._busy, "closed twice, or while in a call"
+        state.open = False
+        self.closed.append(state)
+
+    def transcribe_streams(self, audio, states, finals, prompts=None):
+        keys = {id(s) for s in states}
+        assert len(keys) == len(states), "two requests of one stream in one call"
+        with self._lock:
+            self.overlapped |= bool(keys & self._busy)
+            self._busy |= keys
+            self.calls.append([(self.opened.index(s), len(a), f)
+                               for a, s, f in zip(audio, states, finals, strict=True)])
+        time.sleep(self.delay)
+        out = []
+        for a, state, final in zip(audio, states, finals, strict=True):
+            assert state.open
+            state.samples += len(a)
+            out.append(Hypothesis(str(state.samples)))
+            if final:
+                state.samples = 0
+                state.utterances += 1
+        with self._lock:
+            self._busy -= keys
+        return out
+
+    def transcribe_batch(self, audio, prompts=None):
+        raise AssertionError("a stateful backend is driven through transcribe_streams")
+
+    def warmup(self):
+        pass
+
+
+def chunk(n: int) -> np.ndarray:
+    return np.zeros(n, np.float32)
+
+
+def test_each_slot_holds_its_own_stream_state_opened_once_and_closed_on_release():
+    async def main():
+        be = CountingStreams()
+        eng = ASREngine(be, capacity=2, window_ms=20)
+        a, b = eng.open(), eng.open()
+        states = (a.stream_state, b.stream_state)
+        got = await asyncio.gather(
+            eng.submit(a, chunk(100)), eng.submit(b, chunk(10)),
+            eng.submit(a, chunk(200), final=True), eng.submit(b, chunk(20)),
+            eng.submit(a, chunk(5)),  # the next utterance starts from nothing
+        )
+        opened_before_release = list(be.opened)
+        eng.close_slot(a)
+        released = (a.stream_state, list(be.closed))
+        c = eng.open()  # the same slot, taken again: a fresh state
+        again = await eng.submit(c, chunk(7))
+        eng.close_slot(b)
+        eng.close_slot(c)
+        eng.close()
+        return be, states, got, opened_before_release, released, c, again
+
+    be, (sa, sb), got, opened, (a_state, closed), c, again = asyncio.run(main())
+    assert [h.text for h in got] == ["100", "10", "300", "30", "5"]
+    assert sa is not sb and opened == [sa, sb]  # one state per slot, opened on open()
+    assert a_state is None and closed == [sa] and not sa.open and sa.utterances == 1
+    assert c.stream_state is None and again.text == "7"
+    assert len(be.opened) == 3 and be.opened[2] not in (sa, sb)
+    assert be.closed == [sa, sb, be.opened[2]]  # each state closed once, on release
+    # never two requests of one stream in one call, and a stream's requests in order
+    assert be.calls == [[(0, 100, False), (1, 10, False)], [(0, 200, True), (1, 20, False)],
+                        [(0, 5, False)], [(2, 7, False)]]
+
+
+def test_a_streams_requests_run_one_at_a_time_in_order_and_are_never_stale():
+    async def main():
+        be = CountingStreams(delay=0.05, lanes=2)
+        eng = ASREngine(be, capacity=2, window_ms=1, max_latency_ms=1)
+        a, b = eng.open(), eng.open()
+        futs = [eng.submit(s, chunk(n)) for n in (1, 2, 3, 4) for s in (a, b)]
+        got = await asyncio.gather(*futs)
+        eng.close()
+        return be, got, eng.stats
+
+    be, got, stats = asyncio.run(main())
+    assert [h.text for h in got] == ["1", "1", "3", "3", "6", "6", "10", "10"]
+    assert stats.dropped_stale == 0 and not be.overlapped  # other lane, never the same state
+
+
+def test_a_state_released_during_its_call_is_closed_when_the_call_returns():
+    async def main():
+        be = CountingStreams(delay=0.2)
+        eng = ASREngine(be, capacity=2, window_ms=1)
+        a = eng.open()
+        state = a.stream_state
+        fut = eng.submit(a, chunk(3))
+        await asyncio.sleep(0.05)  # the call is running
+        eng.close_slot(a)
+        open_during_call = state.open
+        await fut
+        await asyncio.sleep(0.05)
+        eng.close()
+        return be, state, open_during_call
+
+    be, state, open_during_call = asyncio.run(main())
+    assert open_during_call and not state.open and be.closed == [state]
+
+
+def test_a_stateful_declaration_without_the_stream_methods_is_refused():
+    class Liar(Recording):
+        def __init__(self):
+            super().__init__()
+            self.capabilities = ASRCapabilities(sample_rate=16000, max_batch=8, stateful=True)
+
+    with pytest.raises(TypeError, match="declares stateful streaming"):
+        ASREngine(Liar(), capacity=1)
 
 
 @pytest.fixture(scope="module")

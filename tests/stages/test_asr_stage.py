@@ -25,6 +25,7 @@ from agent.frames import (
 from agent.stage import DOWN, Direction, Stage, StageContext
 from agent.trace import Trace
 from stages.asr.agreement import LocalAgreement
+from stages.asr.backend import ASRCapabilities
 from stages.asr.stage import StreamingASR
 from stages.asr.wer import wer
 
@@ -55,6 +56,7 @@ class Counting:
     def __init__(self, inner: WhisperBackend, fail_calls: tuple[int, ...] = ()) -> None:
         self.inner = inner
         self.name, self.sample_rate, self.max_batch = inner.name, inner.sample_rate, inner.max_batch
+        self.capabilities = inner.capabilities
         self.calls = 0
         self.lengths: list[int] = []
         self.threads: set[int] = set()
@@ -341,6 +343,7 @@ def test_streams_share_one_engine_and_give_their_slots_back(whisper):
 def test_frames_pass_through_before_start_of_work():
     class Unused:
         name, sample_rate, max_batch = "unused", SR, 1
+        capabilities = ASRCapabilities(sample_rate=SR, max_batch=1)
 
         def transcribe_batch(self, audio, prompts=None):
             raise AssertionError("no speech, no call")

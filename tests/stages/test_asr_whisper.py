@@ -7,7 +7,7 @@ import speech
 from agent.audio import int16_to_float
 from agent.config import ASRConfig
 from agent.errors import ModelNotFoundError
-from stages.asr.backend import ASRBackend
+from stages.asr.backend import ASRBackend, BatchCost
 from stages.asr.wer import wer
 
 pytest.importorskip("ctranslate2")
@@ -36,6 +36,10 @@ def clips() -> dict[str, np.ndarray]:
 def test_is_an_asr_backend(backend):
     assert isinstance(backend, ASRBackend)
     assert backend.sample_rate == 16000 and backend.max_batch >= 8
+    caps = backend.capabilities
+    assert caps.sample_rate == backend.sample_rate and caps.max_batch == backend.max_batch
+    assert caps.lanes == backend.workers and caps.batch_cost is BatchCost.LINEAR
+    assert caps.prompts and not caps.word_times and not caps.stateful
 
 
 def test_real_clips_transcribed_within_wer(backend, clips):
@@ -58,7 +62,7 @@ def test_parallel_workers_give_the_same_transcripts(backend, clips):
     audio = list(clips.values())
     audio += [a[: len(a) // 2] for a in audio]
     two = WhisperBackend(ASRConfig(workers=2), max_batch=2)
-    assert two.workers == 2
+    assert two.workers == 2 and two.capabilities.lanes == 2 and two.max_batch == 2
     assert [h.text for h in two.transcribe_batch(audio)] == [
         h.text for h in backend.transcribe_batch(audio)
     ]

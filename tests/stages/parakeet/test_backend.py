@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from agent.config import ASRConfig  # noqa: E402
 from agent.errors import ModelNotFoundError  # noqa: E402
-from stages.asr.backend import ASRBackend, Hypothesis  # noqa: E402
+from stages.asr.backend import ASRBackend, ASRCapabilities, BatchCost, Hypothesis  # noqa: E402
 from stages.asr.parakeet.backend import ParakeetBackend  # noqa: E402
 
 
@@ -37,6 +37,11 @@ def test_implements_the_backend_protocol(backend: ParakeetBackend) -> None:
     assert isinstance(backend, ASRBackend)
     assert backend.sample_rate == 16000 and backend.name == "parakeet"
     assert backend.device == "cpu"
+    assert backend.capabilities == ASRCapabilities(
+        sample_rate=16000, max_batch=3, lanes=1, batch_cost=BatchCost.SUBLINEAR,
+        prompts=False, word_times=True, stateful=False,
+    )
+    assert backend.max_batch == 3
     backend.warmup()
 
 
