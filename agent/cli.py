@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"voxline {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.set_defaults(func=None)  # each command's parser sets its own
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -50,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    if not getattr(args, "func", None):
+    if args.func is None:
         parser.print_help()
         return 2
     try:

@@ -185,7 +185,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             _, vt = typing.get_args(tp)
             return {str(k): _coerce(vt, v, f"{where}.{k}") for k, v in value.items()}
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}") from None
+        name = tp.__name__ if isinstance(tp, type) else tp
+        raise ConfigError(f"{where}: expected {name}, got {value!r}") from None
     return value
 
 
@@ -277,8 +278,9 @@ def add_config_flags(parser: argparse.ArgumentParser, sections: list[str] | None
 def config_from_args(args: argparse.Namespace) -> Config:
     """Defaults, then ``--config FILE``, then the flags given on the command line."""
     cfg = Config()
-    if getattr(args, "config", None):
-        load_toml(args.config, cfg)
+    given = vars(args)  # a namespace from a parser without add_config_flags has no "config"
+    if given.get("config"):
+        load_toml(given["config"], cfg)
     data: dict[str, dict[str, Any]] = {}
     for dest, value in vars(args).items():
         if not dest.startswith("cfg__") or value is None:

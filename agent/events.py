@@ -21,6 +21,13 @@ from agent.frames import (
     UserTurnEnded,
 )
 
+# The frame kinds :func:`frame_event` turns into events: what a listener that forwards events
+# consumes (``Session.listen(fn, EVENT_FRAMES)``), so caller audio need not reach it.
+EVENT_FRAMES: frozenset[type[Frame]] = frozenset({
+    Transcript, UserTurnEnded, LLMTextDelta, LLMEnd, TextToSpeak, SpeechStarted, SpeechStopped,
+    Interrupt, BotStartedSpeaking, BotStoppedSpeaking, ErrorFrame,
+})
+
 
 def frame_event(frame: Frame, t0_ns: int = 0) -> dict[str, Any] | None:
     """The event for ``frame``, or None for frames clients don't see (audio)."""

@@ -174,3 +174,8 @@ class Dtmf(Frame):
 
 
 CONTROL_FRAMES = (Interrupt, EndOfCall, ErrorFrame)
+"""Kinds that reach every stage, whatever the stages declare they consume."""
+
+ANY_FRAME: frozenset[type[Frame]] = frozenset({Frame})
+"""What a stage or listener that declares nothing consumes: every kind (a kind covers its
+subclasses, and every kind is a ``Frame``)."""

@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from agent.frames import AudioIn, Direction, EndOfCall, Frame
+from agent.frames import ANY_FRAME, AudioIn, Direction, EndOfCall, Frame, Interrupt, TTSAudio
 from agent.pipeline import Pipeline
 from agent.playout import Playout
 from agent.stage import StageContext
 from agent.trace import Trace
 
 log = logging.getLogger("voxline.session")
+
+PLAYOUT_CONSUMES: frozenset[type[Frame]] = frozenset({TTSAudio, Interrupt})  # Playout.on_frame
 
 
 def new_session_id() -> str:
@@ -50,13 +52,23 @@ class Session:
         self.closed = False
         self.summary: dict[str, Any] = {}
         self._listeners: list[Callable[[Frame], None]] = []
-        pipeline.set_output(self._on_output)
+        self._output_kinds: frozenset[type[Frame]] = PLAYOUT_CONSUMES
+        pipeline.set_output(self._on_output, self._output_kinds)
         pipeline.set_upstream(self._on_upstream)
 
     # --- wiring ------------------------------------------------------------------------------
-    def listen(self, fn: Callable[[Frame], None]) -> None:
-        """Call ``fn`` with every frame that leaves the pipeline (either end)."""
+    def listen(self, fn: Callable[[Frame], None], consumes: frozenset[type[Frame]] = ANY_FRAME) -> None:
+        """Call ``fn`` with every frame that leaves the pipeline (either end).
+
+        ``consumes`` names the kinds ``fn`` reads. Downstream frames of kinds that neither the
+        playout nor any listener reads stop at the last stage that consumes them, so a listener
+        that declares nothing (every kind) keeps caller audio flowing through the whole chain.
+        """
         self._listeners.append(fn)
+        kinds = self._output_kinds | consumes
+        if kinds != self._output_kinds:
+            self._output_kinds = kinds
+            self.pipeline.set_output(self._on_output, kinds)
 
     def _on_output(self, frame: Frame) -> None:
         self.playout.on_frame(frame)
@@ -89,10 +101,7 @@ class Session:
         """Nobody speaks and nothing is pending: no open turn, no stage busy, no agent audio."""
         if self.trace.current is not None or not self.playout.idle:
             return False
-        return not any(
-            getattr(s, "busy", False) or getattr(s, "in_speech", False)
-            for s in self.pipeline.all_stages
-        )
+        return not any(s.busy or s.in_speech for s in self.pipeline.all_stages)
 
     async def close(self, reason: str = "hangup") -> dict[str, Any]:
         if self.closed:

@@ -2,7 +2,8 @@
 
 A stage that does slow work (ASR, LLM, TTS) subclasses :class:`QueuedStage`: it owns one task and
 a bounded queue, so slow work never blocks the caller's audio. :class:`~agent.frames.Interrupt`
-frames never wait in a queue: they are handled the moment they arrive.
+frames never wait in a queue: they are handled the moment they arrive. A stage declares the frame
+kinds it reads (``consumes``), so the pipeline stops a kind after the last stage that wants it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agent.frames import Direction, EndOfCall, ErrorFrame, Frame, Interrupt
+from agent.frames import ANY_FRAME, Direction, EndOfCall, ErrorFrame, Frame, Interrupt
 
 if TYPE_CHECKING:
     from agent.trace import Trace
@@ -55,9 +56,19 @@ class Stage:
 
     Override :meth:`process`; call :meth:`push` to send a frame on (downstream to every
     successor, upstream to the predecessor). The default ``process`` forwards everything.
+
+    ``consumes`` names the frame kinds the stage reads, in either direction (a kind covers its
+    subclasses); the default is every kind. A downstream frame whose kind no stage after this
+    one consumes is not forwarded (:meth:`agent.pipeline.Pipeline.route`): caller audio stops
+    after turn detection instead of visiting the LLM, the TTS and the listeners 50 times a
+    second. Control frames (``CONTROL_FRAMES``) and upstream frames always go on.
+
+    ``busy`` and ``in_speech`` are what :attr:`agent.session.Session.quiet` asks every stage;
+    a stage with work in flight or an open utterance overrides them.
     """
 
     name: str = "stage"
+    consumes: frozenset[type[Frame]] = ANY_FRAME
 
     def __init__(self, name: str | None = None) -> None:
         if name:
@@ -72,10 +83,28 @@ class Stage:
         self._down.append(nxt)
         if nxt._up is None:
             nxt._up = self
-        if len(self._down) == 1:
-            self._send_down = nxt.process
+        self.route([frozenset()] * len(self._down))
+
+    @property
+    def successors(self) -> tuple[Stage, ...]:
+        return tuple(self._down)
+
+    def route(self, stops: Sequence[frozenset[type[Frame]]]) -> None:
+        """Rebuild the downstream send: a frame whose exact type is in ``stops[i]`` is not
+        handed to successor ``i``. Done once when the graph is wired, never per frame; an edge
+        that stops nothing is a plain call."""
+        if len(stops) != len(self._down):
+            raise ValueError(f"{self.name}: {len(stops)} stop sets for {len(self._down)} successors")
+        sends = [
+            _stopping(nxt.process, stop) if stop else nxt.process
+            for nxt, stop in zip(self._down, stops, strict=True)
+        ]
+        if not sends:
+            self._send_down = _drop
+        elif len(sends) == 1:
+            self._send_down = sends[0]
         else:
-            succ = tuple(s.process for s in self._down)
+            succ = tuple(sends)
 
             def fan_out(frame: Frame, direction: Direction) -> None:
                 for fn in succ:
@@ -91,6 +120,17 @@ class Stage:
     async def stop(self) -> None:
         """Release what ``start`` took. Tasks spawned through the context are cancelled by the
         session after every stage's ``stop``."""
+
+    # --- state the session asks about ---------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """Work in flight that will still push frames (a queued turn, a model call)."""
+        return False
+
+    @property
+    def in_speech(self) -> bool:
+        """The caller is inside an utterance, as far as this stage knows."""
+        return False
 
     # --- frames --------------------------------------------------------------------------------
     def process(self, frame: Frame, direction: Direction) -> None:
@@ -108,6 +148,18 @@ class Stage:
 
 def _drop(frame: Frame, direction: Direction) -> None:
     """The sink at the end of a chain."""
+
+
+def _stopping(
+    send: Callable[[Frame, Direction], None], stop: frozenset[type[Frame]]
+) -> Callable[[Frame, Direction], None]:
+    """``send`` less the frames whose exact type is in ``stop`` (one set lookup per frame)."""
+
+    def send_wanted(frame: Frame, direction: Direction) -> None:
+        if frame.__class__ not in stop:
+            send(frame, direction)
+
+    return send_wanted
 
 
 class QueuedStage(Stage):

@@ -53,7 +53,7 @@ def read_back_keys(session: Session) -> None:
         if isinstance(frame, Dtmf):
             loop.call_soon(session.push, TextToSpeak(f"You pressed {frame.digit}."))
 
-    session.listen(on_frame)
+    session.listen(on_frame, frozenset({Dtmf}))
 
 
 async def main(args: argparse.Namespace) -> None:

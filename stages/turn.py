@@ -85,6 +85,12 @@ class TurnDetector(Stage):
     """
 
     name = "turn"
+    # AudioIn is its clock (silence and barge-in are counted in media samples); the Bot* frames
+    # arrive upstream. Nothing after this stage reads caller audio, so it stops here.
+    consumes = frozenset({
+        AudioIn, Transcript, SpeechStarted, SpeechPaused, SpeechStopped,
+        BotStartedSpeaking, BotStoppedSpeaking,
+    })
 
     def __init__(self, cfg: TurnConfig, vad_stop_ms: int | None = None) -> None:
         super().__init__()

@@ -13,6 +13,7 @@ from agent.audio import FROM_INT16
 from agent.config import VADConfig
 from agent.errors import MissingExtraError, ModelNotFoundError, require
 from agent.frames import (
+    FRAME_SAMPLES,
     SAMPLE_RATE,
     AudioIn,
     Direction,
@@ -75,12 +76,32 @@ class SileroModel:
         self._session: Any = ort.InferenceSession(
             str(model_path), sess_options=opts, providers=["CPUExecutionProvider"]
         )
-        # The input buffer holds [context | window]; preallocated so a call allocates nothing
-        # beyond what onnxruntime returns.
-        self._input = np.zeros((1, CONTEXT + WINDOW), dtype=np.float32)
-        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._ort = ort
         self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
-        self._feeds = {"input": self._input, "state": self._state, "sr": self._sr}
+        self._bind_buffers()
+
+    def _bind_buffers(self) -> None:
+        """This stream's buffers, bound to the session's inputs and outputs once: a window is
+        one model call that reads and writes them in place, with no array made per call."""
+        self._input = np.zeros((1, CONTEXT + WINDOW), dtype=np.float32)  # [context | window]
+        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._state_out = np.zeros_like(self._state)
+        self._out = np.zeros((1, 1), dtype=np.float32)
+        # Views made once: slicing per call would make (and free) an array object each time.
+        self._window_in = self._input[0, CONTEXT:]
+        self._context_in = self._input[0, :CONTEXT]
+        self._context_next = self._input[0, -CONTEXT:]
+        ortvalue = self._ort.OrtValue.ortvalue_from_numpy  # shares the numpy buffer on CPU
+        inputs = {"input": ortvalue(self._input), "state": ortvalue(self._state),
+                  "sr": ortvalue(self._sr)}
+        outputs = {"output": ortvalue(self._out), "stateN": ortvalue(self._state_out)}
+        binding = self._session.io_binding()
+        for name, value in inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in outputs.items():
+            binding.bind_ortvalue_output(name, value)
+        self._binding = binding
+        self._bound = (inputs, outputs)  # the binding points into them: keep them alive
 
     def fork(self) -> SileroModel:
         """A model for another stream that shares this one's loaded session (onnxruntime runs
@@ -88,10 +109,9 @@ class SileroModel:
         twin = object.__new__(SileroModel)
         twin.path = self.path
         twin._session = self._session
-        twin._input = np.zeros_like(self._input)
-        twin._state = np.zeros_like(self._state)
+        twin._ort = self._ort
         twin._sr = self._sr
-        twin._feeds = {"input": twin._input, "state": twin._state, "sr": twin._sr}
+        twin._bind_buffers()
         return twin
 
     def reset(self) -> None:
@@ -103,11 +123,11 @@ class SileroModel:
         """Speech probability of one 512-sample float32 window (values in [-1, 1])."""
         if window.shape != (WINDOW,):
             raise ValueError(f"Silero VAD takes {WINDOW}-sample windows, got shape {window.shape}")
-        self._input[0, CONTEXT:] = window
-        out, state = self._session.run(None, self._feeds)
-        self._state[...] = state
-        self._input[0, :CONTEXT] = self._input[0, -CONTEXT:]
-        return float(out[0, 0])
+        np.copyto(self._window_in, window)
+        self._session.run_with_iobinding(self._binding)
+        np.copyto(self._state, self._state_out)
+        np.copyto(self._context_in, self._context_next)
+        return float(self._out[0, 0])
 
     def probs_batch(self, streams: list[np.ndarray]) -> list[np.ndarray]:
         """Speech probability of every 512-sample window of each stream (the last window
@@ -161,6 +181,7 @@ class VADStage(Stage):
     """
 
     name = "vad"
+    consumes = frozenset({AudioIn})  # and EndOfCall, a control frame every stage sees
 
     def __init__(self, cfg: VADConfig, model: SileroModel | None = None) -> None:
         super().__init__()
@@ -170,6 +191,8 @@ class VADStage(Stage):
         self._start_windows = max(1, -(-cfg.start_ms * SAMPLE_RATE // (1000 * WINDOW)))
         self._stop_samples = cfg.stop_ms * SAMPLE_RATE // 1000
         self._window = np.zeros(WINDOW, dtype=np.float32)
+        # A frame's samples as float, for its loudness; grown (rarely) for a longer frame.
+        self._scratch = np.zeros(FRAME_SAMPLES, dtype=np.float32)
         self._fill = 0
         self._next = 0  # media sample expected next; the window buffer ends there
         self.windows = 0
@@ -179,8 +202,12 @@ class VADStage(Stage):
         self._reported: set[str] = set()
         self._reset_speech()
 
+    @property
+    def in_speech(self) -> bool:
+        return self._in_speech
+
     def _reset_speech(self) -> None:
-        self.in_speech = False
+        self._in_speech = False
         self._run = 0  # consecutive windows >= threshold while not in speech
         self._run_start = 0
         self._started_at = 0
@@ -201,7 +228,7 @@ class VADStage(Stage):
                     self._consume(pcm, frame.offset, frame.t_ns)
                 return
             if isinstance(frame, EndOfCall):
-                if self.in_speech:
+                if self._in_speech:
                     self._stop(self._paused_at if self._paused_at is not None else self._speech_end)
                 self._reset_speech()
                 self.model.reset()
@@ -247,24 +274,33 @@ class VADStage(Stage):
             self.push_error(message)
 
     def _consume(self, pcm: np.ndarray, offset: int, t_ns: int) -> None:
-        if len(pcm):
-            x = pcm.astype(np.float32) * FROM_INT16 if pcm.dtype == np.int16 else pcm
-            ms = float(np.dot(x, x)) / len(x)
+        is_int = pcm.dtype == np.int16
+        n = len(pcm)
+        x = pcm
+        if is_int and n:
+            # int16 to float in place: a ufunc that casts on the way (np.multiply(pcm, scale,
+            # out=...)) makes a temporary copy of its input for every call.
+            if n > len(self._scratch):
+                self._scratch = np.zeros(n, dtype=np.float32)
+            x = self._scratch if n == len(self._scratch) else self._scratch[:n]
+            np.copyto(x, pcm)
+            np.multiply(x, FROM_INT16, out=x)
+        if n:
+            ms = float(np.dot(x, x)) / n
             if ms == ms:  # not NaN
                 self._peak_sq = max(self._peak_sq, ms)
                 if ms >= max(LOUD_FLOOR * LOUD_FLOOR, self._peak_sq * _LOUD_RATIO_SQ):
-                    self._loud_end, self._loud_ns = offset + len(pcm), t_ns
+                    self._loud_end, self._loud_ns = offset + n, t_ns
         if offset != self._next:
             # A gap or overlap in the media timeline: a window must not straddle it.
             self._fill = 0
             self._next = offset
-        is_int = pcm.dtype == np.int16
-        i, n = 0, len(pcm)
+        i = 0
         while i < n:
             take = min(WINDOW - self._fill, n - i)
             dst = self._window[self._fill : self._fill + take]
             if is_int:
-                np.multiply(pcm[i : i + take], FROM_INT16, out=dst)
+                np.copyto(dst, x[i : i + take])
             else:
                 np.clip(pcm[i : i + take], -1.0, 1.0, out=dst)
                 np.nan_to_num(dst, copy=False, nan=0.0)
@@ -283,7 +319,7 @@ class VADStage(Stage):
         speech = p >= cfg.threshold
         if speech:
             self.speech_windows += 1
-        if not self.in_speech:
+        if not self._in_speech:
             if not speech:
                 self._run = 0
                 return
@@ -291,7 +327,7 @@ class VADStage(Stage):
                 self._run_start = start
             self._run += 1
             if self._run >= self._start_windows:
-                self.in_speech = True
+                self._in_speech = True
                 self._run = 0
                 self._started_at = self._run_start
                 self._speech_end, self._speech_end_ns = end, t_ns

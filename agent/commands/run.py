@@ -89,7 +89,7 @@ async def play_call(
     cfg: Config, models: Any, pcm: Any, fast: bool, on_event: Any, tail_s: float = 20.0
 ) -> tuple[Any, dict[str, Any], bool]:
     """One call from a recording through a fresh session: (recording, summary, speech heard)."""
-    from agent.events import frame_event, trace_event
+    from agent.events import EVENT_FRAMES, frame_event, trace_event
     from agent.presets import new_session
     from transports.file import FileCall
 
@@ -104,7 +104,7 @@ async def play_call(
             heard = heard or ev["type"] == "speech_started"
             on_event(ev)
 
-    session.listen(on_frame)
+    session.listen(on_frame, EVENT_FRAMES)
     trace.listeners.append(lambda rec: on_event(trace_event(rec)))
     async with session:
         rec = await FileCall(pcm, fast=fast, tail_s=tail_s).run(session)

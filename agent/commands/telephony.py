@@ -101,7 +101,7 @@ class CallPrinter:
 
 def session_factory(cfg: Config, models: Any, printer: CallPrinter | None = None) -> Any:
     """One fresh pipeline and session per call, sharing the loaded models."""
-    from agent.events import frame_event, trace_event
+    from agent.events import EVENT_FRAMES, frame_event, trace_event
     from agent.frames import Dtmf
     from agent.presets import new_session
     from agent.session import Session
@@ -118,7 +118,7 @@ def session_factory(cfg: Config, models: Any, printer: CallPrinter | None = None
                 if ev is not None:
                     printer.emit(session.id, ev)
 
-            session.listen(on_frame)
+            session.listen(on_frame, EVENT_FRAMES | {Dtmf})
             trace.listeners.append(lambda rec: printer.emit(session.id, trace_event(rec)))
         return session
 

@@ -31,6 +31,7 @@ class TTSStage(QueuedStage):
     """
 
     name = "tts"
+    consumes = frozenset({TextToSpeak})
 
     def __init__(self, tts: TTS, cfg: TTSConfig) -> None:
         super().__init__()

@@ -113,3 +113,67 @@ def test_close_is_idempotent():
         return a is b
 
     assert asyncio.run(main())
+
+
+class Seen(Stage):
+    def __init__(self, name, consumes):
+        super().__init__(name)
+        self.consumes = frozenset(consumes)
+        self.kinds: list[str] = []
+
+    def process(self, frame, direction):
+        self.kinds.append(type(frame).__name__)
+        self.push(frame, direction)
+
+
+def test_audio_reaches_listeners_only_when_one_reads_every_kind():
+    async def main():
+        vad, tts = Seen("vad", {AudioIn}), Seen("tts", {TextToSpeak})
+        s = Session(Pipeline([vad, tts]))
+        captions: list[str] = []
+        s.listen(lambda f: captions.append(type(f).__name__), consumes=frozenset({TextToSpeak}))
+        await s.start()
+        s.send_audio(np.zeros(320, np.int16))
+        s.push(TextToSpeak("hi"))
+        # Neither the TTS, nor the playout, nor the listener reads caller audio: it stops
+        # after the VAD.
+        assert vad.kinds == ["AudioIn", "TextToSpeak"] and tts.kinds == ["TextToSpeak"]
+        assert captions == ["TextToSpeak"]
+        everything: list[str] = []
+        s.listen(lambda f: everything.append(type(f).__name__))  # declares nothing: every kind
+        s.send_audio(np.zeros(320, np.int16))
+        await s.close()
+        return tts.kinds, captions, everything
+
+    tts, captions, everything = asyncio.run(main())
+    assert tts == ["TextToSpeak", "AudioIn", "EndOfCall"]
+    assert everything == ["AudioIn", "EndOfCall"]
+    assert captions == ["TextToSpeak", "AudioIn", "EndOfCall"]  # it is called with what arrives
+
+
+class Busy(Stage):
+    def __init__(self):
+        super().__init__("busy")
+        self.working = False
+        self.speaking = False
+
+    @property
+    def busy(self):
+        return self.working
+
+    @property
+    def in_speech(self):
+        return self.speaking
+
+
+def test_quiet_asks_every_stage_through_the_stage_contract():
+    s = Session(Pipeline([Stage(), Busy()]))
+    busy = s.pipeline.stages[1]
+    assert not s.pipeline.stages[0].busy and not s.pipeline.stages[0].in_speech
+    assert s.quiet
+    busy.working = True
+    assert not s.quiet
+    busy.working, busy.speaking = False, True
+    assert not s.quiet
+    busy.speaking = False
+    assert s.quiet

@@ -17,6 +17,7 @@ from speech import STEP_IDS, STEPS, perturb
 
 from agent.config import TurnConfig, VADConfig
 from agent.frames import (
+    ANY_FRAME,
     AudioIn,
     BotStartedSpeaking,
     BotStoppedSpeaking,
@@ -535,3 +536,60 @@ def test_real_speech_over_the_agent_interrupts_it(vad_model, how: str) -> None:
     # completes it: 200 ms here, by arithmetic, as long as the VAD does not pause in those 192 ms
     # (its probabilities there are 0.68-1.0, the pause threshold is 0.35).
     assert audio_before[-1].end - interrupt.at <= (160 + 32 + 20) * MS
+
+
+class AfterTurn(Stage):
+    """What follows turn detection in a call (the LLM): reads turns only."""
+
+    consumes = frozenset({UserTurnEnded})
+
+    def __init__(self, vad: VADStage) -> None:
+        super().__init__("after-turn")
+        self.vad = vad
+        self.seen: list[Frame] = []
+        self.ended_at: list[int] = []  # how much audio the VAD had judged when each turn ended
+
+    def process(self, frame: Frame, direction: Direction) -> None:
+        self.seen.append(frame)
+        if isinstance(frame, UserTurnEnded):
+            self.ended_at.append(self.vad.windows)
+        self.push(frame, direction)
+
+
+def test_real_speech_caller_audio_stops_at_turn_detection(vad_model) -> None:
+    """VAD → ASR → turn detection as they declare what they consume: the audio reaches the
+    turn detector (its clock) and nothing after it, and the turns come out as with every stage
+    reading everything."""
+    pcm = np.concatenate([read_clip("ls-dev-clean-1988-24833-0000"), np.zeros(SR, np.int16)])
+    texts = [t for _, _, t in CLIPS.values()]
+
+    def call(declared: bool) -> tuple[list[Frame], list[Frame], AfterTurn]:
+        vad = VADStage(VADConfig(), model=vad_model.fork())
+        asr = ScriptedASR(texts)
+        turn = TurnDetector(TurnConfig(silence_ms=500))
+        after = AfterTurn(vad)
+        if not declared:
+            asr.consumes = turn.consumes = after.consumes = ANY_FRAME
+        else:  # what stages.asr.stage.StreamingASR reads
+            asr.consumes = frozenset({AudioIn, SpeechStarted, SpeechPaused, SpeechStopped})
+        out: list[Frame] = []
+        pipe = Pipeline([vad, asr, turn, after],
+                        on_output=out.append,
+                        output_consumes=frozenset({UserTurnEnded}) if declared else ANY_FRAME)
+        asyncio.run(pipe.start(StageContext()))
+        for i in range(0, len(pcm), FRAME):
+            pipe.push(AudioIn(pcm[i : i + FRAME], offset=i), DOWN)
+        pipe.push(EndOfCall(), DOWN)
+        return out, after.seen, after
+
+    out, seen, after = call(declared=True)
+    ref_out, ref_seen, ref_after = call(declared=False)
+    assert not any(isinstance(f, AudioIn) for f in seen + out)
+    assert sum(isinstance(f, AudioIn) for f in ref_seen) == -(-len(pcm) // FRAME)
+    turns = [f.text for f in out if isinstance(f, UserTurnEnded)]
+    assert turns == [f.text for f in ref_out if isinstance(f, UserTurnEnded)] == texts[:1]
+    assert [type(f) for f in seen] == [UserTurnEnded, EndOfCall]
+    assert isinstance(out[-1], EndOfCall)
+    # The turn ended 500 ms of caller audio after the speech, as counted on the AudioIn frames:
+    # at the same frame as with every stage reading everything.
+    assert after.ended_at == ref_after.ended_at and after.ended_at[0] > 0
