@@ -1,8 +1,9 @@
 """The agent's side of a call as a transport plays it: a queue of agent audio pulled one 20 ms
 frame per tick, flushed at once on barge-in.
 
-Every transport ticks a ``Playout`` at its own pace (a sound card, RTP every 20 ms, a WebSocket
-writer). The playout tells the pipeline when the agent starts and stops speaking (upstream
+Every real-time transport pulls it through one :class:`~agent.pacer.Pacer`, which writes each
+frame into a buffer it preallocated; the file transport pulls it per input frame. The playout
+tells the pipeline when the agent starts and stops speaking (upstream
 control frames) and stamps the trace's ``audio_out`` event when the first agent audio of a turn
 actually leaves.
 """
@@ -100,15 +101,19 @@ class Playout:
             self.speaking = False
             self._upstream(BotStoppedSpeaking(interrupted=True))
 
-    def pull(self) -> np.ndarray | None:
-        """The next frame of agent audio (zero-padded at the end), or None when there is none."""
+    def pull(self, out: np.ndarray | None = None) -> np.ndarray | None:
+        """The next frame of agent audio (zero-padded at the end), or None when there is none.
+
+        With ``out`` the frame is ``len(out)`` samples written into ``out`` (nothing allocated);
+        without, a new array of ``frame_samples``."""
         if self._queued == 0:
             if self.speaking and not self._utterance_open:
                 self.speaking = False
                 self._upstream(BotStoppedSpeaking())
             return None
-        n = self.frame_samples
-        out = np.zeros(n, dtype=np.int16)
+        if out is None:
+            out = np.empty(self.frame_samples, dtype=np.int16)
+        n = len(out)
         filled = 0
         while filled < n and self._chunks:
             chunk = self._chunks[0]
@@ -119,6 +124,8 @@ class Playout:
             if self._head >= len(chunk):
                 self._chunks.popleft()
                 self._head = 0
+        if filled < n:
+            out[filled:] = 0
         self._queued -= filled
         if not self.speaking:
             self.speaking = True

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.events import frame_event, trace_event
+from agent.events import EVENT_FRAMES, frame_event, trace_event
 from agent.frames import FRAME_SAMPLES, SAMPLE_RATE, Frame
 from agent.session import Session
 from transports.websocket.codec import encode_event
@@ -38,7 +38,7 @@ class CallEvents:
         self._send: Callable[[str], None] | None = send
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        session.listen(self._on_frame)
+        session.listen(self._on_frame, EVENT_FRAMES)
         session.trace.listeners.append(self._on_turn)
 
     def emit(self, event: dict[str, Any]) -> None:

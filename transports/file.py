@@ -55,7 +55,7 @@ class FileCall:
             if isinstance(frame, Interrupt):
                 interrupts.append(session.offset)
 
-        session.listen(watch)
+        session.listen(watch, frozenset({Interrupt}))
         loop = asyncio.get_running_loop()
         t_next = loop.time()
         busy_until = 0  # frame index until which the call is paced even when quiet

@@ -1,5 +1,6 @@
 """Telephone audio ↔ pipeline audio: 8 kHz G.711 packets to 16 kHz int16 PCM and back, through
-streaming soxr resamplers that keep their filter state across 20 ms packets.
+streaming soxr resamplers that keep their filter state across 20 ms packets; and a session's
+playout as G.711 packets on the pacer's clock, what the Twilio and RTP call cores both send.
 
 soxr's default (fixed-rate) mode releases output in ~100 ms blocks, which would add that much
 to every turn; its variable-rate mode (``vr=True``) hands back every packet's worth within one
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from agent.pacer import Pacer
+from agent.playout import Playout
 from transports.g711 import G711Codec
 
 NARROWBAND_RATE = 8_000
@@ -87,3 +90,28 @@ class NarrowbandEncoder:
         self._down = _stream(PIPELINE_RATE, NARROWBAND_RATE)
         self._fifo = self._down.resample_chunk(np.zeros(2 * PACKET_SAMPLES, np.int16))  # type: ignore[attr-defined]
         self._primed_only = True
+
+
+class NarrowbandPlayout:
+    """A session's playout as G.711 packets on the pacer's 20 ms clock: what Twilio's and RTP's
+    call cores both send. ``tick(now_ns)`` gives, per packet time due, the payloads of agent
+    audio for it (usually one; none while the agent is quiet). When the agent stops, the
+    encoder's tail goes out padded in the next quiet packet time; ``reset`` (barge-in) forgets
+    it instead."""
+
+    def __init__(self, playout: Playout, codec: G711Codec) -> None:
+        self.pacer = Pacer(playout)
+        self.encoder = NarrowbandEncoder(codec)
+
+    def tick(self, now_ns: int) -> list[list[bytes]]:
+        slots: list[list[bytes]] = []
+        for frame in self.pacer.tick(now_ns):
+            if frame is not None:
+                slots.append(self.encoder.encode(frame))
+            else:
+                tail = self.encoder.drain()
+                slots.append([tail] if tail is not None else [])
+        return slots
+
+    def reset(self) -> None:
+        self.encoder.reset()

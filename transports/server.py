@@ -225,6 +225,10 @@ class VoiceServer:
         try:
             answer = await call.answer(sdp)
         except Exception as exc:
+            if not call.life.started:
+                log.exception("session %s: the call could not start", session.id)
+                await call.close("error")
+                raise web.HTTPInternalServerError(text=f"cannot start a call: {exc}\n") from None
             await call.close("bad offer")
             raise web.HTTPBadRequest(text=f"cannot answer the offer: {exc}\n") from None
         return web.json_response({"sdp": answer.sdp, "type": answer.type, "session": session.id})

@@ -33,13 +33,14 @@ def test_get_waits_for_the_next_message():
 def test_agent_audio_starts_at_once_with_a_lead_then_goes_in_real_time():
     import numpy as np
 
+    from agent.pacer import Pacer
     from agent.playout import Playout
     from transports.websocket.call import LEAD_FRAMES, pace_playout
 
     async def main():
         playout = Playout(lambda frame: None)
         box = Outbox(max_audio=100)
-        pacer = asyncio.create_task(pace_playout(playout, box))
+        pacer = asyncio.create_task(pace_playout(Pacer(playout, lead=LEAD_FRAMES), box))
         await asyncio.sleep(0.035)  # quiet: nothing is sent, the pacer waits between ticks
         assert len(box) == 0
         loop = asyncio.get_running_loop()

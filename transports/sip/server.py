@@ -13,7 +13,9 @@ from typing import Any
 
 from agent.session import Session
 from transports.g711 import PCMA, PCMU
-from transports.rtp.stream import MediaStats, RtpMediaStream
+from transports.lifecycle import CallLifecycle
+from transports.rtp.call import MediaStats
+from transports.rtp.stream import RtpMediaStream
 from transports.sip.sdp import build_answer
 from transports.sip.uas import (
     Address,
@@ -34,6 +36,7 @@ class SipCall:
     call_id: str
     session: Session
     media: RtpMediaStream
+    life: CallLifecycle
     started: float = field(default_factory=time.monotonic)
 
 
@@ -157,29 +160,30 @@ class SipServer(asyncio.DatagramProtocol):
     # --- calls -------------------------------------------------------------------------------
     async def _answer(self, offer: CallOffered) -> None:
         media: RtpMediaStream | None = None
-        session: Session | None = None
+        life: CallLifecycle | None = None
         try:
             made = self.session_factory()
             session = await made if inspect.isawaitable(made) else made
+            life = CallLifecycle(session)
             codec = PCMU if offer.answer.codec == "PCMU" else PCMA
             media = RtpMediaStream(session, codec, (offer.offer.address, offer.offer.port),
                                    dtmf_payload_type=offer.answer.telephone_event)
             port = await self._open_rtp(media)
-            call = SipCall(offer.call_id, session, media)
+            call = SipCall(offer.call_id, session, media, life)
             if self.on_call is not None:
                 self.on_call(call)
-            await session.start()
+            await life.start()  # closes the session itself when the start fails
         except Exception:
             log.exception("call %s: could not set up the session", offer.call_id)
             self._send(self.uas.reject(offer.call_id, 500, "Server Internal Error"))
             if media is not None:
                 await media.close()
-            if session is not None:
-                await session.close("error")
+            if life is not None:
+                await life.close("error")
             return
         if offer.call_id not in self.uas.dialogs:  # CANCELled while we were setting up
             await media.close()
-            await session.close("cancel")
+            await life.close("cancel")
             return
         self.calls[offer.call_id] = call
         answer = build_answer(offer.answer, self.media_address, port)
@@ -202,7 +206,7 @@ class SipServer(asyncio.DatagramProtocol):
         if call is None:
             return
         await call.media.close()
-        summary = await call.session.close(reason)
+        summary = await call.life.close(reason)
         js = call.media.jitter.stats
         report = CallReport(
             call_id, reason, time.monotonic() - call.started, call.media.stats,

@@ -1,5 +1,6 @@
-"""One Twilio media stream bound to a session, without sockets: inbound messages go in, outbound
-messages come out of ``receive`` and of ``tick`` (called every 20 ms by the shell).
+"""One Twilio media stream bound to a session, sans-I/O: inbound messages go into ``receive``,
+and ``tick(now)`` returns the outbound messages due by ``now`` on the shared pacer's 20 ms
+schedule (the shell sleeps until ``delay(now)`` has passed and sends them).
 
 Marks track what the caller has actually heard: after the first packet of each agent utterance
 we send a mark, and Twilio echoes it once that audio has played, so the trace's ``audio_out``
@@ -9,13 +10,13 @@ we handed bytes to the socket. Barge-in sends ``clear`` so Twilio drops its buff
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from agent.frames import Dtmf, Frame, Interrupt
+from agent.pacer import Pacer
 from agent.session import Session
 from transports.g711 import PCMU
-from transports.narrowband import NarrowbandDecoder, NarrowbandEncoder
+from transports.narrowband import NarrowbandDecoder, NarrowbandPlayout
 from transports.twilio.messages import (
     Clear,
     Connected,
@@ -64,21 +65,29 @@ class TwilioCall:
         self.stats = TwilioCallStats()
         self.stopped = False
         self._decoder = NarrowbandDecoder(PCMU)
-        self._encoder = NarrowbandEncoder(PCMU)
+        self._outbound = NarrowbandPlayout(session.playout, PCMU)
         self._last_seq = start.sequence
         self._talking = False
         self._utterance = 0
         self._pending: dict[str, MarkRecord] = {}
         self._clear_due = False
-        session.listen(self._on_frame)
+        session.listen(self._on_frame, frozenset({Interrupt}))
+
+    @property
+    def pacer(self) -> Pacer:
+        return self._outbound.pacer
+
+    def delay(self, now_ns: int) -> float:
+        """Seconds until the next packet time is due."""
+        return self._outbound.pacer.delay(now_ns)
 
     def _on_frame(self, frame: Frame) -> None:
         if isinstance(frame, Interrupt):
             self._clear_due = True
-            self._encoder.reset()
+            self._outbound.reset()
 
     # --- Twilio → us -------------------------------------------------------------------------
-    def receive(self, msg: InboundMessage) -> None:
+    def receive(self, msg: InboundMessage, now_ns: int) -> None:
         seq = getattr(msg, "sequence", 0)
         if seq:
             if self._last_seq and seq != self._last_seq + 1:
@@ -90,11 +99,11 @@ class TwilioCall:
             self.stats.media_in += 1
             pcm = self._decoder.decode(msg.payload)
             if len(pcm):
-                self.session.send_audio(pcm, time.monotonic_ns())
+                self.session.send_audio(pcm, now_ns)
         elif isinstance(msg, MarkEcho):
             rec = self._pending.pop(msg.name, None)
             if rec is not None:
-                rec.heard_ns = time.monotonic_ns()
+                rec.heard_ns = now_ns
                 if self.heard_from_marks and rec.name.endswith(":start") and not rec.cleared:
                     self.session.playout.sent(rec.heard_ns)
         elif isinstance(msg, DtmfDigit):
@@ -106,15 +115,15 @@ class TwilioCall:
             pass  # a repeat of what opened the stream
 
     # --- us → Twilio -------------------------------------------------------------------------
-    def _mark(self, suffix: str) -> SendMark:
-        rec = MarkRecord(f"u{self._utterance}:{suffix}", time.monotonic_ns())
+    def _mark(self, suffix: str, now_ns: int) -> SendMark:
+        rec = MarkRecord(f"u{self._utterance}:{suffix}", now_ns)
         self._pending[rec.name] = rec
         self.stats.marks.append(rec)
         return SendMark(self.stream_sid, rec.name)
 
-    def tick(self) -> list[OutboundMessage]:
-        """One 20 ms packet time: a clear after barge-in, at most a packet of agent audio, and
-        marks at the first and last packet of each utterance."""
+    def tick(self, now_ns: int) -> list[OutboundMessage]:
+        """What is due by ``now_ns``: a clear after barge-in, then per packet time at most a
+        packet of agent audio, and marks at the first and last packet of each utterance."""
         out: list[OutboundMessage] = []
         if self._clear_due:
             self._clear_due = False
@@ -123,25 +132,20 @@ class TwilioCall:
             for rec in self._pending.values():
                 rec.cleared = True  # Twilio echoes these now, though nobody heard them
             self._talking = False
-        playout = self.session.playout
-        frame = playout.pull()
-        payloads = self._encoder.encode(frame) if frame is not None else []
-        if frame is None and not payloads:
-            tail = self._encoder.drain()
-            payloads = [tail] if tail is not None else []
-        if payloads:
-            for p in payloads:
-                out.append(SendMedia(self.stream_sid, p))
-                self.stats.media_out += 1
-            if not self._talking:
-                self._talking = True
-                self._utterance += 1
-                out.append(self._mark("start"))
-            if not self.heard_from_marks:
-                playout.sent()
-        elif self._talking:
-            self._talking = False
-            out.append(self._mark("end"))
+        for payloads in self._outbound.tick(now_ns):
+            if payloads:
+                for p in payloads:
+                    out.append(SendMedia(self.stream_sid, p))
+                    self.stats.media_out += 1
+                if not self._talking:
+                    self._talking = True
+                    self._utterance += 1
+                    out.append(self._mark("start", now_ns))
+                if not self.heard_from_marks:
+                    self.session.playout.sent(now_ns)
+            elif self._talking:
+                self._talking = False
+                out.append(self._mark("end", now_ns))
         return out
 
     @property

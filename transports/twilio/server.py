@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,13 +17,13 @@ from urllib.parse import parse_qsl
 
 from agent.session import Session
 from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
+from transports.lifecycle import CallLifecycle
 from transports.twilio.call import TwilioCall, TwilioCallStats
 from transports.twilio.messages import Start, Stop, TwilioMessageError, parse_message
 from transports.twilio.twiml import connect_stream_twiml, reject_twiml
 
 log = logging.getLogger("voxline.twilio")
 SessionFactory = Callable[[Start], Session | Awaitable[Session]]
-PTIME_S = 0.020
 START_TIMEOUT_S = 10.0  # Twilio sends connected and start at once; anything slower is not Twilio
 
 
@@ -80,37 +81,38 @@ async def handle_media_stream(
         return None
     made = session_factory(start)
     session = await made if inspect.isawaitable(made) else made
-    call = TwilioCall(session, start, heard_from_marks)
-    if on_call is not None:
-        on_call(call)
-    reason = "disconnected"
-    await session.start()
-    writer = asyncio.get_running_loop().create_task(_write(ws, call))
+    life = CallLifecycle(session, reason="disconnected")
     try:
-        while not call.stopped:
-            call.receive(await next_message())
-        reason = "stop"
-    except (ConnectionError, _closed_errors()):
-        pass
-    finally:
-        writer.cancel()
-        await asyncio.gather(writer, return_exceptions=True)
-        summary = await session.close("hangup" if reason == "stop" else reason)
+        call = TwilioCall(session, start, heard_from_marks)
+        if on_call is not None:
+            on_call(call)
+    except BaseException:
+        await life.close("error")
+        raise
+    async with life:  # a start that fails closes the session, and the error goes on
+        writer = asyncio.get_running_loop().create_task(_write(ws, call))
+        try:
+            while not call.stopped:
+                msg = await next_message()
+                call.receive(msg, time.monotonic_ns())
+            life.reason = "hangup"
+        except (ConnectionError, _closed_errors()):
+            pass
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+    reason = "stop" if life.reason == "hangup" else life.reason
     return TwilioCallReport(call.stream_sid, call.call_sid, reason, call.stats, malformed,
-                            call.heard_lags_ms, summary, list(session.trace.turns))
+                            call.heard_lags_ms, session.summary, list(session.trace.turns))
 
 
 async def _write(ws: MessageSocket, call: TwilioCall) -> None:
-    loop = asyncio.get_running_loop()
-    t_next = loop.time()
+    """The pacer's schedule onto the socket: sleep until a packet time is due, send its
+    messages (a late wake-up is caught up, a stall resynced, by the call's pacer)."""
     while True:
-        for msg in call.tick():
+        for msg in call.tick(time.monotonic_ns()):
             await ws.send(msg.to_json())
-        t_next += PTIME_S
-        delay = t_next - loop.time()
-        if delay < -10 * PTIME_S:  # the loop stalled: resync instead of bursting
-            t_next, delay = loop.time(), 0.0
-        await asyncio.sleep(max(delay, 0.0))
+        await asyncio.sleep(call.delay(time.monotonic_ns()))
 
 
 def _closed_errors() -> type[Exception]:

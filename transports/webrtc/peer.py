@@ -22,6 +22,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.session import Session
 from transports.call_events import CallEvents, ready_event
+from transports.lifecycle import CallLifecycle
 from transports.webrtc.inbound import InboundAudio
 from transports.webrtc.track import PTIME_MS, PlayoutTrack, use_low_delay_opus
 from transports.websocket import codec
@@ -95,6 +96,7 @@ class WebRTCCall:
         ptime_ms: int = PTIME_MS,
     ) -> None:
         self.session = session
+        self.life = CallLifecycle(session)
         self.pc = RTCPeerConnection(configuration=configuration)
         self.track = PlayoutTrack(session.playout, ptime_ms)
         self.low_delay_opus = False
@@ -114,8 +116,10 @@ class WebRTCCall:
         self.pc.on("connectionstatechange", self._on_state)
 
     async def answer(self, sdp: str, kind: str = "offer") -> RTCSessionDescription:
-        """Start the session and answer the browser's offer (ICE gathered: no trickle)."""
-        await self.session.start()
+        """Start the session and answer the browser's offer (ICE gathered: no trickle). A start
+        that fails has closed the session (``life.started`` stays false); after any failure
+        here the caller closes the call."""
+        await self.life.start()
         self.events = CallEvents(self.session, self._send_event)
         self.events.emit(ready_event(self.session))
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=kind))
@@ -222,7 +226,7 @@ class WebRTCCall:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.pc.close()
         finally:
-            await self.session.close(reason)
+            await self.life.close(reason)
             self.closed.set()
             if self._on_closed is not None:
                 self._on_closed(self)

@@ -3,8 +3,8 @@
 aiortc encodes every track the same way: Opus in its "voip" mode, whose 6.5 ms of encoder
 look-ahead a voice agent's first word waits for, stereo, resampled to its own frame size. A
 call's sender gets :class:`LowDelayOpusEncoder` instead: CELT-only "lowdelay" mode (2.5 ms of
-look-ahead), mono, one packet per frame of ``ptime_ms``. The track paces its frames at that
-packet time, and every frame leaves as one packet the moment it is due.
+look-ahead), mono, one packet per frame of ``ptime_ms``. The track's :class:`~agent.pacer.Pacer`
+releases one frame per packet time, and every frame leaves as one packet the moment it is due.
 
 20-ms packets are the default: measured against Chromium on 2 shared cores, 10-ms packets made
 its jitter buffer aim higher (32 vs 22 ms) and cost the page more time, not less
@@ -26,6 +26,7 @@ from aiortc.codecs.base import Encoder
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.frames import SAMPLE_RATE
+from agent.pacer import Pacer
 from agent.playout import Playout
 from transports.webrtc.inbound import AlignedResampler
 
@@ -90,9 +91,10 @@ def use_low_delay_opus(sender: RTCRtpSender, codec_mime: str, ptime_ms: int) -> 
 
 
 class PlayoutTrack(MediaStreamTrack):
-    """The playout's 16 kHz frames as 48 kHz mono frames of ``ptime_ms``, one per ``recv``, paced
-    in real time (aiortc's sender asks as fast as it can encode). Silence is sent while the
-    agent is quiet, so the browser's jitter buffer stays primed."""
+    """The playout as 48 kHz mono frames of ``ptime_ms``, one per ``recv``, released by the
+    pacer in real time (aiortc's sender asks as fast as it can encode). Each packet time takes
+    ``ptime_ms`` of the playout, or silence while the agent is quiet, so the browser's jitter
+    buffer stays primed and agent audio that turns up leaves on the next packet."""
 
     kind = "audio"
 
@@ -100,49 +102,44 @@ class PlayoutTrack(MediaStreamTrack):
         super().__init__()
         self.playout = playout
         self.ptime_ms = _check_ptime(ptime_ms)
-        self.frame_s = ptime_ms / 1000
+        self.pacer = Pacer(playout, ptime_ms)
         self.frame_samples = OPUS_RATE * ptime_ms // 1000
-        # silence goes out one packet at a time, so agent audio that turns up waits at most one
-        self._silence = np.zeros((1, SAMPLE_RATE * ptime_ms // 1000), dtype=np.int16)
+        self._silence = np.zeros((1, self.pacer.frame_samples), dtype=np.int16)
         self._up = AlignedResampler("mono", OPUS_RATE, self.frame_samples)
-        # 48 kHz packets waiting to go, each with whether it opens a frame of agent audio
+        # 48 kHz packets due now (a late tick catches up), each with whether it is agent audio
         self._ready: deque[tuple[np.ndarray, bool]] = deque()
         self._pts = 0
-        self._due = 0.0
         self.frames_out = 0
 
-    def _refill(self) -> None:
-        """Pull the playout's next frame (or one packet of silence) and cut it into packets."""
-        pcm = self.playout.pull()
+    def _queue(self, pcm: np.ndarray | None) -> None:
+        """One packet time of the pacer (None: silence) as one 48 kHz packet."""
         mono = av.AudioFrame.from_ndarray(
             self._silence if pcm is None else pcm.reshape(1, -1), format="s16", layout="mono")
         mono.sample_rate = SAMPLE_RATE
-        first = pcm is not None
+        agent = pcm is not None
+        waiting = len(self._ready)
         for chunk in self._up.feed(mono):
-            self._ready.append((chunk, first))
-            first = False
-        if not self._ready:  # never after the very first frame (the resampler is aligned)
-            self._ready.append((np.zeros(self.frame_samples, np.int16), first))
+            self._ready.append((chunk, agent))
+            agent = False
+        if len(self._ready) == waiting:  # never after the very first (the resampler is aligned)
+            self._ready.append((np.zeros(self.frame_samples, np.int16), agent))
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self._due == 0.0 or now - self._due > 5 * self.frame_s:
-            self._due = now  # first frame, or the loop stalled: resync instead of a burst
-        elif self._due > now:
-            await asyncio.sleep(self._due - now)
-        self._due += self.frame_s
-        if not self._ready:
-            self._refill()
-        samples, opens_frame = self._ready.popleft()
+        while not self._ready:
+            delay = self.pacer.delay(time.monotonic_ns())
+            if delay > 0:
+                await asyncio.sleep(delay)
+            for pcm in self.pacer.tick(time.monotonic_ns()):
+                self._queue(pcm)
+        samples, agent = self._ready.popleft()
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OPUS_RATE
         frame.pts = self._pts
         frame.time_base = TIME_BASE
         self._pts += self.frame_samples
-        if opens_frame:
+        if agent:
             # aiortc encodes and sends this frame as soon as recv returns
             self.playout.sent(time.monotonic_ns())
             self.frames_out += 1

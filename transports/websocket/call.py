@@ -1,9 +1,10 @@
 """One browser call over an aiohttp WebSocket: the thin asyncio shell around the codec.
 
-Three loops per call: the reader feeds caller audio into the session, a 20 ms ticker pulls the
-agent's audio from the session's playout in real time, and the writer drains the bounded
-:class:`~transports.websocket.outbox.Outbox` to the socket. When the client goes away (or hangs
-up, or errs) every loop is cancelled and the session closed, releasing its ASR slot and tasks.
+Three loops per call: the reader feeds caller audio into the session, a ticker sends the
+agent's audio as the call's :class:`~agent.pacer.Pacer` releases it, and the writer drains the
+bounded :class:`~transports.websocket.outbox.Outbox` to the socket. When the client goes away
+(or hangs up, or errs) every loop is cancelled and the session closed, releasing its ASR slot
+and tasks; a session that fails to start is closed too, and the client told why.
 """
 
 from __future__ import annotations
@@ -12,20 +13,19 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from agent.frames import FRAME_SAMPLES, SAMPLE_RATE
-from agent.playout import Playout
+from agent.frames import FRAME_SAMPLES
+from agent.pacer import Pacer
 from agent.session import Session
 from transports.call_events import CallEvents, ready_event
+from transports.lifecycle import CallLifecycle
 from transports.websocket import codec
 from transports.websocket.outbox import Outbox
 
 log = logging.getLogger("voxline.websocket")
 
-FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 MAX_BAD_MESSAGES = 50  # a client that keeps sending garbage is cut off
 
 
@@ -39,38 +39,55 @@ class CallStats:
     end_reason: str = ""
 
 
+# The first frames of each stretch of agent audio go out at once: the page then holds this
+# much audio ahead of its playhead, so network jitter up to it costs no gap, and the page can
+# start playback with a 10-ms margin instead of waiting out a jitter buffer.
+LEAD_FRAMES = 3
+
+
 class WebSocketCall:
     def __init__(self, ws: web.WebSocketResponse, session: Session, outbox: Outbox | None = None):
         self.ws = ws
         self.session = session
         self.outbox = outbox or Outbox()
+        self.pacer = Pacer(session.playout, lead=LEAD_FRAMES)
         self.stats = CallStats()
 
     async def run(self) -> CallStats:
         """Serve the call until the client leaves; always closes the session."""
+        life = CallLifecycle(self.session, reason="disconnect")
         events = CallEvents(self.session, self.outbox.put_event)
-        tasks: list[asyncio.Task[Any]] = []
-        reason = "disconnect"
         try:
-            await self.session.start()
-            events.emit(ready_event(self.session))
-            tasks = [
-                asyncio.create_task(self._write(), name=f"{self.session.id}-ws-writer"),
-                asyncio.create_task(self._tick(), name=f"{self.session.id}-ws-ticker"),
-            ]
-            reason = await self._read(events)
+            await self._serve(life, events)
+        except Exception as exc:
+            if life.started:
+                raise
+            log.exception("session %s: the call could not start", self.session.id)
+            if not self.ws.closed:
+                await self.ws.send_str(codec.encode_event(
+                    codec.error_event(f"cannot start a call: {exc}", True)))
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             events.detach()
-            await self.session.close(reason)
-            self.stats.end_reason = reason
+            self.stats.end_reason = life.reason
             self.stats.dropped_audio = self.outbox.dropped_audio
             self.stats.dropped_events = self.outbox.dropped_events
             if not self.ws.closed:
                 await self.ws.close()
         return self.stats
+
+    async def _serve(self, life: CallLifecycle, events: CallEvents) -> None:
+        async with life:
+            events.emit(ready_event(self.session))
+            tasks = [
+                asyncio.create_task(self._write(), name=f"{self.session.id}-ws-writer"),
+                asyncio.create_task(self._tick(), name=f"{self.session.id}-ws-ticker"),
+            ]
+            try:
+                life.reason = await self._read(events)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _read(self, events: CallEvents) -> str:
         session = self.session
@@ -118,53 +135,26 @@ class WebSocketCall:
                 await ws.send_str(item)
 
     async def _tick(self) -> None:
-        await pace_playout(self.session.playout, self.outbox)
+        await pace_playout(self.pacer, self.outbox)
 
 
-# The first frames of each stretch of agent audio go out at once: the page then holds this
-# much audio ahead of its playhead, so network jitter up to it costs no gap, and the page can
-# start playback with a 10-ms margin instead of waiting out a jitter buffer.
-LEAD_FRAMES = 3
-
-
-async def pace_playout(playout: Playout, outbox: Outbox) -> None:
-    """Send agent audio in real time, one 20 ms frame per tick on an absolute schedule (no
-    drift). A stretch of audio starts the moment it arrives (not at the next tick) with a lead
-    of ``LEAD_FRAMES`` frames sent at once."""
+async def pace_playout(pacer: Pacer, outbox: Outbox) -> None:
+    """Send agent audio as ``pacer`` releases it: one frame per packet time on its absolute
+    schedule, a stretch of audio started the moment it arrives (the playout's ``on_ready``
+    wakes the ticker between deadlines) with the pacer's lead sent at once."""
+    playout = pacer.playout
     loop = asyncio.get_running_loop()
     ready = asyncio.Event()
     playout.on_ready = ready.set
-    due = loop.time()
-    talking = False
     try:
         while True:
-            pcm = playout.pull()
-            if pcm is None:
-                talking = False
-            else:
-                outbox.put_audio(codec.encode_audio(pcm))
-                if not talking:
-                    talking = True
-                    for _ in range(LEAD_FRAMES - 1):
-                        more = playout.pull()
-                        if more is None:
-                            break
-                        outbox.put_audio(codec.encode_audio(more))
-            due += FRAME_S
-            delay = due - loop.time()
-            if delay < -5 * FRAME_S:
-                due = loop.time()  # the loop stalled: resync instead of sending a burst
-                delay = 0.0
-            if talking:
-                await asyncio.sleep(max(delay, 0.0))
-                continue
-            # Quiet: wake at the next tick, or as soon as audio arrives.
             ready.clear()
-            timer = loop.call_later(max(delay, 0.0), ready.set)
+            for pcm in pacer.tick(time.monotonic_ns()):
+                if pcm is not None:
+                    outbox.put_audio(codec.encode_audio(pcm))
+            # wake at the next deadline, or as soon as audio arrives while nothing was queued
+            timer = loop.call_later(pacer.delay(time.monotonic_ns()), ready.set)
             await ready.wait()
             timer.cancel()
-            now = loop.time()
-            if now < due - 0.001:
-                due = now  # audio arrived between ticks: the schedule starts now
     finally:
         playout.on_ready = None
