@@ -153,18 +153,21 @@ class WhisperBackend:
                     "most 30 s per buffer — cut longer audio into chunks first"
                 )
         out: list[Hypothesis] = [Hypothesis("") for _ in audio]
+        texts = [prompts[i] if prompts else "" for i in range(len(audio))]
         # Buffers are grouped by encoder window so that a buffer's transcript never depends on
-        # which other buffers share its batch; each group is one generate call per max_batch.
-        groups: dict[int, list[int]] = {}
+        # which other buffers share its batch, and by prompt length in tokens (CTranslate2
+        # needs the start-of-transcript token at one position in a batch); each group is one
+        # generate call per max_batch.
+        groups: dict[tuple[int, int], list[int]] = {}
         for i, buf in enumerate(audio):
             if len(buf) >= MIN_SAMPLES and float(np.max(np.abs(buf))) >= SILENCE_PEAK:
-                groups.setdefault(self.window_frames(len(buf)), []).append(i)
+                key = (self.window_frames(len(buf)), len(self._prompt(texts[i])))
+                groups.setdefault(key, []).append(i)
         parts: list[tuple[int, list[int]]] = []
-        for frames, todo in groups.items():
+        for (frames, _), todo in groups.items():
             # With several workers each group is shared out so that every worker has a piece.
             size = min(self.max_batch, -(-len(todo) // self.workers))
             parts.extend((frames, todo[at : at + size]) for at in range(0, len(todo), size))
-        texts = [prompts[i] if prompts else "" for i in range(len(audio))]
         if self.workers == 1:
             for frames, part in parts:
                 hyps = self._decode([audio[i] for i in part], [texts[i] for i in part], frames)

@@ -120,6 +120,16 @@ def test_prompt_is_accepted(backend, clips):
     assert wer(CLIPS[SHORT], hyp.text) <= MAX_WER, hyp.text
 
 
+def test_prompts_of_different_lengths_share_a_call(backend, clips):
+    # CTranslate2 needs the start-of-transcript token at one position in a batch: the backend
+    # groups by prompt length, and each buffer's text is what it gets alone.
+    prompts = ["", "The traveller asked.", "The traveller asked himself a question, and then"]
+    audio = [clips[SHORT]] * len(prompts)
+    together = [h.text for h in backend.transcribe_batch(audio, prompts)]
+    alone = [backend.transcribe_batch([a], [p])[0].text for a, p in zip(audio, prompts, strict=True)]
+    assert together == alone
+
+
 def test_missing_model_package_says_what_to_install(monkeypatch):
     import stages.asr.whisper as whisper_module
 
