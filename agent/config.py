@@ -47,9 +47,12 @@ class ASRConfig:
     workers: int = 0  # backend calls at once, sharing the threads (0: one per thread)
     partial_interval_ms: int = 400  # how often partials are recomputed while the caller speaks
     max_utterance_s: float = 25.0  # longer utterances are committed and trimmed
+    # Partials re-read only the audio after the committed text; a tail longer than this is
+    # committed at its quietest point (0: every partial re-reads the whole utterance).
+    commit_after_s: float = 6.0
     slots: int = 32  # streams one engine serves at once (preallocated: ~2.3 MB each)
     window_ms: float = 10.0  # how long a batch waits for requests of other streams
-    max_batch: int = 16  # largest batch per backend call
+    max_batch: int = 0  # largest batch per backend call (0: the backend's; 1 on linear cost)
     max_latency_ms: float = 1000.0  # a partial older than this is dropped, never a final
     batching: bool = True  # off: one backend call per request (for comparison)
 

@@ -53,17 +53,16 @@ def main(args: argparse.Namespace) -> int:
 async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: argparse.Namespace) -> int:
     from agent.presets import backend_class
     from agent.runtime import event_loop_name, freeze_after_warmup
-    from stages.asr.engine import ASREngine
     from stages.asr.server import ASRServer
+    from stages.asr.stage import make_engine
 
     t0 = time.monotonic()
     backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
     backend.warmup()
-    engine = ASREngine(backend, capacity=cfg.asr.slots, window_ms=cfg.asr.window_ms,
-                       max_batch=cfg.asr.max_batch, max_latency_ms=cfg.asr.max_latency_ms,
-                       batching=cfg.asr.batching)
+    engine = make_engine(backend, cfg.asr)
     server = ASRServer(engine, partial_interval_ms=cfg.asr.partial_interval_ms,
-                       max_utterance_s=cfg.asr.max_utterance_s, language=cfg.asr.language)
+                       max_utterance_s=cfg.asr.max_utterance_s,
+                       commit_after_s=cfg.asr.commit_after_s, language=cfg.asr.language)
     try:
         await server.start_unix(path)
         where = [f"unix:{path}"]

@@ -53,6 +53,7 @@ class EngineStats:
     batches: int = 0
     requests: int = 0
     dropped_stale: int = 0
+    cancelled: int = 0  # dropped before they ran because their stream no longer wanted them
     batch_sizes: dict[int, int] = field(default_factory=dict)
     busy_s: float = 0.0
 
@@ -99,7 +100,12 @@ class ASREngine:
             self._streams = cast(StatefulASRBackend, backend)
         self.pool = SlotPool(capacity, max_seconds=max_seconds, rate=caps.sample_rate)
         self.window_ns = int(window_ms * 1e6)
-        self.max_batch = max(1, min(max_batch or caps.max_batch, caps.max_batch))
+        # No max_batch given: the backend's largest, except on a linear-cost backend, where a
+        # batch costs what its parts cost and only delays every request in it until the last is
+        # done — one request per call there (Whisper on 2 CPU cores, capacity benchmark: max
+        # batch 1 / 2 / 4 served 40 / 32 / 24 callers).
+        auto = 1 if caps.batch_cost is BatchCost.LINEAR else caps.max_batch
+        self.max_batch = max(1, min(max_batch or auto, caps.max_batch))
         if not batching:
             self.max_batch = 1
         self.max_latency_ns = int(max_latency_ms * 1e6)
@@ -180,6 +186,31 @@ class ASREngine:
             self._queue.append(req)
             self._cv.notify()
         return fut
+
+    def partial_room(self) -> bool:
+        """Whether a partial submitted now would go in the lanes' next batches: fewer partials
+        wait than the lanes take at once. A stream that finds no room keeps its partial for
+        later, so that it reads the newest audio when it goes instead of aging in the queue."""
+        room = self.lanes * self.max_batch
+        with self._cv:
+            return sum(not r.final for r in self._queue) < room
+
+    def cancel(self, future: asyncio.Future[Hypothesis | None]) -> bool:
+        """Drop the request behind ``future`` if no lane has taken it yet (it resolves to None);
+        False when it is running or done. A stateful backend's requests are never dropped:
+        the stream's state needs their audio."""
+        if self._streams is not None:
+            return False
+        with self._cv:
+            for r in self._queue:
+                if r.future is future:
+                    self._queue.remove(r)
+                    break
+            else:
+                return False
+        self.stats.cancelled += 1
+        _resolve(future, None)
+        return True
 
     def close(self) -> None:
         with self._cv:

@@ -13,37 +13,47 @@ import logging
 import mmap
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from agent.errors import CapacityError
 from stages.asr import wire
+from stages.asr.backend import Hypothesis
 from stages.asr.engine import ASREngine
 from stages.asr.long_audio import joined, transcribe_long
 from stages.asr.slots import Slot
-from stages.asr.wire import Audio, End, ErrorCode, Open, SharedMemoryFile
+from stages.asr.stream import ASRStream, Cancel, Failure, Kind, Request, Result, StreamConfig
+from stages.asr.wire import (
+    Audio,
+    End,
+    ErrorCode,
+    Flag,
+    Open,
+    SharedMemoryFile,
+    SpeechEvent,
+    VADEvent,
+)
 
 log = logging.getLogger("voxline.asr.server")
 
 RATE = wire.SAMPLE_RATE
-OPTIONS = {"partials": bool, "file": bool}
+OPTIONS = {"partials": bool, "file": bool, "events": bool}
 
 
 @dataclass(slots=True, eq=False)
 class Stream:
-    """One stream of one connection: its slot and where its audio stands."""
+    """One stream of one connection: its slot and, when it streams, its ASR core."""
 
     id: int
     slot: Slot
-    partials: bool = True
+    core: ASRStream | None = None  # None: a whole file, transcribed at END
+    events: bool = False  # the client sends VAD events; else the stream is one utterance
     file: bytearray | None = None  # whole-file mode: PCM16 gathered until END
     heard: int = 0  # samples received
-    since_partial: int = 0
-    partial_pending: bool = False
-    pieces: list[asyncio.Future] = field(default_factory=list)  # committed parts' finals
-    committed: list[str] = field(default_factory=list)
+    segments: list[str] = field(default_factory=list)  # without events: finals of its parts
+    requests: dict[int, asyncio.Future] = field(default_factory=dict)  # model calls out, by id
     ended: bool = False
     released: bool = False  # the slot went back to the pool (it may already serve another call)
 
@@ -51,8 +61,11 @@ class Stream:
 class ASRServer:
     """Streams over a Unix socket (and HTTP, see :meth:`start_http`) into one shared engine.
 
-    Streaming streams get a partial every ``partial_interval_ms`` of audio and a final at END;
-    past ``max_utterance_s`` the audio so far is committed and the slot starts over, so a
+    A streaming stream is driven by the same :class:`ASRStream` core as an in-process call,
+    so it gets the same partials (with stable prefixes), speculative results and finals. With
+    OPEN ``{"events": true}`` the client sends its VAD's events and gets a FINAL per utterance
+    (and END once everything is delivered); without, the whole stream is one utterance, and its
+    one FINAL comes at END. Past ``max_utterance_s`` an utterance is cut at a quiet point, so a
     stream may be any length. Whole files (OPEN ``{"file": true}`` or a shared-memory segment)
     are cut into chunks and transcribed as batches.
     """
@@ -63,13 +76,14 @@ class ASRServer:
         *,
         partial_interval_ms: int = 400,
         max_utterance_s: float = 25.0,
+        commit_after_s: float = 6.0,
         max_message: int = wire.MAX_MESSAGE,
         max_file_s: float = 3600.0,
         language: str = "en",
     ) -> None:
         self.engine = engine
-        self.partial_samples = max(1, int(partial_interval_ms * RATE / 1000))
-        self.utterance_samples = int(max_utterance_s * RATE)
+        self.stream_cfg = StreamConfig.from_ms(RATE, partial_interval_ms, max_utterance_s,
+                                               commit_after_s).fitting(engine.pool.slot_samples)
         self.max_message = max_message
         self.max_file_samples = int(max_file_s * RATE)
         self.language = language
@@ -130,6 +144,8 @@ class Connection(asyncio.Protocol):
         self.tasks: set[asyncio.Task] = set()
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.sent = 0  # messages written to the client
+        self.handled = 0  # messages received from the client
 
     # --- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -140,6 +156,7 @@ class Connection(asyncio.Protocol):
         for msg in self.decoder.feed(data):
             if self.closed:
                 return
+            self.handled += 1
             try:
                 self._handle(msg)
             except Exception as exc:  # a bug on one connection must not take the server down
@@ -172,6 +189,8 @@ class Connection(asyncio.Protocol):
             self._open(msg)
         elif isinstance(msg, End):
             self._end(msg)
+        elif isinstance(msg, VADEvent):
+            self._event(msg)
         elif isinstance(msg, SharedMemoryFile):
             self._shared_memory(msg)
         else:
@@ -182,12 +201,23 @@ class Connection(asyncio.Protocol):
         opts = self._options(msg)
         if opts is None:
             return
+        if opts.get("file", False) and opts.get("events", False):
+            self._refuse(msg.stream, ErrorCode.BAD_REQUEST,
+                         "a whole file ({\"file\": true}) takes no VAD events")
+            return
         stream = self._new_stream(msg.stream)
         if stream is None:
             return
-        stream.partials = bool(opts.get("partials", True))
         if opts.get("file", False):
             stream.file = bytearray()
+            return
+        cfg = self.server.stream_cfg
+        if not opts.get("partials", True):
+            cfg = replace(cfg, partials=False)
+        stream.core = ASRStream(stream.slot.audio, cfg, self.engine.partial_room)
+        stream.events = bool(opts.get("events", False))
+        if not stream.events:
+            stream.core.started(0)  # the whole stream is one utterance
 
     def _options(self, msg: Open) -> dict[str, Any] | None:
         for key, value in msg.options.items():
@@ -233,6 +263,7 @@ class Connection(asyncio.Protocol):
         if stream is None:
             return
         n = len(msg.pcm) // 2
+        at = stream.heard
         stream.heard += n
         if stream.file is not None:
             if stream.heard > self.server.max_file_samples:
@@ -241,49 +272,26 @@ class Connection(asyncio.Protocol):
                 return
             stream.file += msg.pcm
             return
-        pcm = np.frombuffer(msg.pcm, dtype="<i2")
-        slot = stream.slot
-        limit = min(self.server.utterance_samples, slot.capacity)
-        while len(pcm):
-            if slot.length >= limit:
-                self._commit(stream)
-            room = limit - slot.length
-            slot.append(pcm[:room])
-            pcm = pcm[room:]
-        stream.since_partial += n
-        if stream.partials and stream.since_partial >= self.server.partial_samples \
-                and not stream.partial_pending:
-            stream.since_partial = 0
-            stream.partial_pending = True
-            fut = self.engine.submit(slot, slot.view(), final=False)
-            heard = stream.heard
-            fut.add_done_callback(lambda f: self._partial_done(stream, heard, f))
+        assert stream.core is not None
+        stream.core.audio(np.frombuffer(msg.pcm, dtype="<i2"), at)
+        self._pump(stream)
 
-    def _commit(self, stream: Stream) -> None:
-        """The utterance reached the slot's limit: finalise what is there and start over."""
-        slot = stream.slot
-        fut = self.engine.submit(slot, slot.view(), final=True)
-        stream.pieces.append(fut)
-
-        def keep(f: asyncio.Future) -> None:
-            if not f.cancelled() and f.exception() is None and f.result() is not None:
-                stream.committed.append(f.result().text.strip())
-
-        fut.add_done_callback(keep)
-        slot.begin_utterance(slot.end)
-
-    def _partial_done(self, stream: Stream, heard: int, fut: asyncio.Future) -> None:
-        stream.partial_pending = False
-        if fut.cancelled() or stream.ended or self.closed:
+    def _event(self, msg: VADEvent) -> None:
+        stream = self._stream_for(msg.stream)
+        if stream is None:
             return
-        if fut.exception() is not None:
-            log.warning("asr-serve: a partial failed: %s", fut.exception())
+        if not stream.events or stream.core is None:
+            self._send(wire.encode_error(msg.stream, ErrorCode.BAD_REQUEST,
+                                         f"stream {msg.stream} was not opened with events"))
             return
-        hyp = fut.result()
-        if hyp is None:  # shed as stale by the engine: a newer partial follows
-            return
-        text = " ".join(t for t in (*stream.committed, hyp.text.strip()) if t)
-        self._send(wire.encode_partial(stream.id, text, heard))
+        core = stream.core
+        if msg.event is SpeechEvent.STARTED:
+            core.started(msg.at)
+        elif msg.event is SpeechEvent.PAUSED:
+            core.paused(msg.at)
+        else:
+            core.stopped(msg.at, msg.started_at)
+        self._pump(stream)
 
     def _end(self, msg: End) -> None:
         if msg.stream in self.refused:
@@ -297,24 +305,67 @@ class Connection(asyncio.Protocol):
             pcm = np.frombuffer(stream.file, dtype="<i2")
             self._spawn(self._finish_file(stream, pcm))
             return
-        slot = stream.slot
-        if slot.length:
-            stream.pieces.append(self.engine.submit(slot, slot.view(), final=True))
-        self._spawn(self._finish_stream(stream))
+        core = stream.core
+        assert core is not None
+        if core.in_speech:  # the stream ends mid-utterance: that utterance ends with it
+            core.stopped(stream.heard)
+        self._pump(stream)
 
-    async def _finish_stream(self, stream: Stream) -> None:
-        try:
-            texts = []
-            for fut in stream.pieces:
-                hyp = await fut
-                if hyp is None:
-                    return
-                texts.append(hyp.text.strip())
-            self._send(wire.encode_final(stream.id, " ".join(t for t in texts if t), stream.heard))
-        except Exception as exc:
-            self._send(wire.encode_error(stream.id, ErrorCode.INTERNAL, f"transcription failed: {exc}"))
-        finally:
+    # --- the core's requests and results -----------------------------------------------------
+    def _pump(self, stream: Stream) -> None:
+        core = stream.core
+        assert core is not None
+        for out in core.take():
+            if isinstance(out, Request):
+                self._submit(stream, out)
+            elif isinstance(out, Cancel):
+                fut = stream.requests.get(out.id)
+                if fut is not None:
+                    self.engine.cancel(fut)
+            elif isinstance(out, Failure):
+                if out.kind is Kind.PARTIAL or out.kind is Kind.COMMIT:
+                    log.warning("asr-serve: stream %d: a partial failed: %s", stream.id,
+                                out.message)
+                else:
+                    self._send(wire.encode_error(stream.id, ErrorCode.INTERNAL,
+                                                 f"transcription failed: {out.message}"))
+            else:
+                self._result(stream, out)
+        if stream.ended and not core.busy and not stream.released:
+            if not stream.events:
+                self._send(wire.encode_final(stream.id, " ".join(stream.segments),
+                                             stream.heard))
+            else:
+                self._send(wire.encode_end(stream.id))
             self._release(stream)
+
+    def _result(self, stream: Stream, r: Result) -> None:
+        if stream.events:
+            flags = Flag.SPECULATIVE if r.kind is Kind.SPECULATIVE else Flag.NONE
+            enc = wire.encode_final if r.final else wire.encode_partial
+            self._send(enc(stream.id, r.text, r.end, r.start, r.stable, flags))
+        elif r.final:
+            if r.text:
+                stream.segments.append(r.text)  # sent, joined, when the stream is done
+        else:  # one utterance: a partial covers the segments cut off before it too
+            before = " ".join(stream.segments)
+            text = f"{before} {r.text}".strip() if before else r.text
+            stable = len(before) + 1 + r.stable if before and r.text else len(before) + r.stable
+            flags = Flag.SPECULATIVE if r.kind is Kind.SPECULATIVE else Flag.NONE
+            self._send(wire.encode_partial(stream.id, text, r.end, 0, min(stable, len(text)),
+                                           flags))
+
+    def _submit(self, stream: Stream, req: Request) -> None:
+        fut = self.engine.submit(stream.slot, req.audio, final=req.final, prompt=req.prompt)
+        stream.requests[req.id] = fut
+
+        def done(f: asyncio.Future[Hypothesis | None]) -> None:
+            stream.requests.pop(req.id, None)
+            if stream.core is not None and not (self.closed or stream.released):
+                stream.core.settle(req.id, f)
+                self._pump(stream)
+
+        fut.add_done_callback(done)
 
     async def _finish_file(self, stream: Stream, pcm: np.ndarray) -> None:
         try:
@@ -381,6 +432,8 @@ class Connection(asyncio.Protocol):
             del self.streams[stream.id]
         if not stream.released:
             stream.released = True
+            if stream.core is not None:
+                stream.core.close()
             self.engine.close_slot(stream.slot)
 
     def _drop(self, stream: Stream, code: ErrorCode, message: str) -> None:
@@ -391,6 +444,7 @@ class Connection(asyncio.Protocol):
     def _send(self, frame: bytes) -> None:
         if not self.closed and self.transport is not None and not self.transport.is_closing():
             self.transport.write(frame)
+            self.sent += 1
 
     def _close(self) -> None:
         """Close after the queued frames (the error message) are flushed."""

@@ -12,30 +12,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.audio import FROM_INT16
 from agent.errors import CapacityError
 
 
 @dataclass(slots=True)
 class SlotStats:
-    chunks_in: int = 0  # speech chunks appended
+    chunks_in: int = 0  # speech chunks that went into the ring while an utterance was open
     chunks_bypassed: int = 0  # silent chunks that never entered a batch
-    samples_trimmed: int = 0
     requests: int = 0
 
 
 @dataclass(slots=True, eq=False)
 class Slot:
-    """One stream's state: its utterance audio (speech only), its hypothesis state and, for a
-    stateful backend, the backend's own state for the stream (opened and closed by the
-    engine, opaque to everyone else)."""
+    """One stream's state: its audio ring (a preallocated buffer the stream core,
+    :class:`stages.asr.stream.ASRStream`, writes as a ring indexed by media sample) and, for a
+    stateful backend, the backend's own state for the stream (opened and closed by the engine,
+    opaque to everyone else)."""
 
     index: int
     audio: np.ndarray  # float32, preallocated, capacity samples
-    length: int = 0  # valid samples in ``audio``
-    start: int = 0  # media sample of audio[0]
-    committed: str = ""  # text committed (stable or segment-final) for this utterance
-    last_words: tuple[str, ...] = ()
     generation: int = 0  # bumped on release: results for an older generation are discarded
     in_use: bool = False
     stream_state: object | None = None  # a StatefulASRBackend's state; None for the others
@@ -45,54 +40,8 @@ class Slot:
     def capacity(self) -> int:
         return len(self.audio)
 
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-    def append(self, pcm: np.ndarray) -> int:
-        """Append int16 or float32 audio; returns how many samples did not fit (dropped)."""
-        n = min(len(pcm), self.capacity - self.length)
-        if n > 0:
-            seg = pcm[:n]
-            if seg.dtype == np.int16:
-                np.multiply(seg, FROM_INT16, out=self.audio[self.length : self.length + n],
-                            casting="unsafe")
-            else:
-                self.audio[self.length : self.length + n] = seg
-            self.length += n
-        self.stats.chunks_in += 1
-        return len(pcm) - max(n, 0)
-
-    def view(self, upto: int | None = None) -> np.ndarray:
-        """A copy of the audio from the start up to media sample ``upto`` (all when None).
-
-        A copy, because the worker thread reads it while the event loop keeps appending."""
-        n = self.length if upto is None else max(0, min(self.length, upto - self.start))
-        return self.audio[:n].copy()
-
-    def trim(self, upto: int) -> None:
-        """Drop the audio before media sample ``upto`` (after committing its text)."""
-        k = max(0, min(self.length, upto - self.start))
-        if k == 0:
-            return
-        rest = self.length - k
-        self.audio[:rest] = self.audio[k : self.length]
-        self.length = rest
-        self.start += k
-        self.stats.samples_trimmed += k
-
-    def begin_utterance(self, at: int) -> None:
-        self.length = 0
-        self.start = at
-        self.committed = ""
-        self.last_words = ()
-
     def zero(self) -> None:
         self.audio.fill(0.0)
-        self.length = 0
-        self.start = 0
-        self.committed = ""
-        self.last_words = ()
         self.stats = SlotStats()
 
 
@@ -111,6 +60,11 @@ class SlotPool:
     @property
     def capacity(self) -> int:
         return len(self._slots)
+
+    @property
+    def slot_samples(self) -> int:
+        """How many samples each slot's audio buffer holds."""
+        return len(self._slots[0].audio)
 
     @property
     def in_use(self) -> int:

@@ -41,6 +41,7 @@ LOG_PROB_THRESHOLD = -1.0
 # Output tokens allowed per second of audio (fast speech is ~5 tokens/s); stops the repetition
 # loops Whisper falls into on noise from running to the 448-token limit.
 TOKENS_PER_SECOND = 12
+MAX_BATCH = 16  # buffers per generate call unless asr.max_batch says otherwise
 PROMPT_TOKENS = 223  # Whisper keeps at most half its 448-token context for previous text
 
 EXTRA = "embedded"
@@ -99,7 +100,7 @@ class WhisperBackend:
         self.workers = max(1, cfg.workers or cfg.threads)
         self.capabilities = ASRCapabilities(
             sample_rate=SAMPLE_RATE,
-            max_batch=max(1, max_batch or cfg.max_batch),
+            max_batch=max(1, max_batch or cfg.max_batch or MAX_BATCH),
             lanes=self.workers,
             # On CPU a batch costs about what its buffers cost one by one (measured: a batch
             # of 8 saved 7-22% over 8 single calls), so a final never waits for partials.

@@ -9,9 +9,14 @@ Frame layout (big-endian)::
 Stream ids are chosen by the client; ``0`` is the connection itself (connection-level errors).
 
 Client → server: OPEN (JSON options), AUDIO (raw PCM16 little-endian mono 16 kHz), END,
-SHM (a shared-memory segment holding PCM16: ``size u64 | samples u64 | name utf-8``).
-Server → client: PARTIAL and FINAL (``samples u64 | text utf-8``: the text covers the first
-``samples`` samples of the stream), ERROR (``code u16 | message utf-8``).
+SHM (a shared-memory segment holding PCM16: ``size u64 | samples u64 | name utf-8``), and, on a
+stream opened with ``{"events": true}``, VAD events (``event u8 | at u64 | started_at u64``:
+speech started, paused or stopped at stream sample ``at``).
+Server → client: PARTIAL and FINAL (``end u64 | start u64 | stable u32 | flags u8 | text
+utf-8``: the text covers stream samples ``[start, end)``, its first ``stable`` characters
+(UTF-8 bytes' characters, as Python counts them) never change; flags: SPECULATIVE — a partial
+of the utterance up to a pause, LAST — no more results follow on this stream), ERROR (``code
+u16 | message utf-8``).
 
 Memory: a :class:`Decoder` holds at most one incomplete frame, so a connection costs at most
 ``max_message`` bytes of buffer (default 1 MiB ≈ 32 s of PCM16) plus whatever it was fed in one
@@ -24,7 +29,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 from typing import Any
 
 DEFAULT_SOCKET = "/tmp/voxline-asr.sock"
@@ -35,7 +40,8 @@ MAX_TEXT = 64 << 10  # options, texts and error messages stay small
 _HEADER = struct.Struct(">IBI")
 HEADER_SIZE = _HEADER.size  # 9
 _SHM = struct.Struct(">QQ")
-_RESULT = struct.Struct(">Q")
+_RESULT = struct.Struct(">QQIB")
+_EVENT = struct.Struct(">BQQ")
 _ERROR = struct.Struct(">H")
 _MAX_STREAM = 0xFFFF_FFFF
 
@@ -48,6 +54,19 @@ class Kind(IntEnum):
     PARTIAL = 5
     FINAL = 6
     ERROR = 7
+    EVENT = 8
+
+
+class SpeechEvent(IntEnum):
+    STARTED = 1
+    PAUSED = 2
+    STOPPED = 3
+
+
+class Flag(IntFlag):
+    NONE = 0
+    SPECULATIVE = 1  # a partial: the utterance up to a pause, sent before its end is confirmed
+    LAST = 2  # the stream's last result: the server has released it
 
 
 class ErrorCode(IntEnum):
@@ -84,10 +103,25 @@ class SharedMemoryFile:
 
 
 @dataclass(slots=True, frozen=True)
+class VADEvent:
+    stream: int
+    event: SpeechEvent
+    at: int  # stream sample
+    started_at: int = 0  # STOPPED: where that utterance started
+
+
+@dataclass(slots=True, frozen=True)
 class Partial:
     stream: int
     text: str
-    samples: int  # the text covers the stream's first ``samples`` samples
+    samples: int  # the end of the audio the text covers (stream samples)
+    start: int = 0
+    stable: int = 0  # leading characters that never change
+    flags: Flag = Flag.NONE
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.flags & Flag.SPECULATIVE)
 
 
 @dataclass(slots=True, frozen=True)
@@ -95,6 +129,13 @@ class Final:
     stream: int
     text: str
     samples: int
+    start: int = 0
+    stable: int = 0
+    flags: Flag = Flag.NONE
+
+    @property
+    def last(self) -> bool:
+        return bool(self.flags & Flag.LAST)
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,7 +145,7 @@ class Error:
     message: str
 
 
-Message = Open | Audio | End | SharedMemoryFile | Partial | Final | Error
+Message = Open | Audio | End | SharedMemoryFile | VADEvent | Partial | Final | Error
 
 
 class ProtocolError(Exception):
@@ -146,12 +187,28 @@ def encode_shm(stream: int, name: str, size: int, samples: int) -> bytes:
     return _frame(Kind.SHM, stream, _SHM.pack(size, samples) + name.encode())
 
 
-def encode_partial(stream: int, text: str, samples: int) -> bytes:
-    return _frame(Kind.PARTIAL, stream, _RESULT.pack(samples) + text.encode()[:MAX_TEXT])
+def encode_event(stream: int, event: SpeechEvent, at: int, started_at: int = 0) -> bytes:
+    return _frame(Kind.EVENT, stream, _EVENT.pack(event, at, started_at))
 
 
-def encode_final(stream: int, text: str, samples: int) -> bytes:
-    return _frame(Kind.FINAL, stream, _RESULT.pack(samples) + text.encode()[:MAX_TEXT])
+def _result(kind: Kind, stream: int, text: str, samples: int, start: int, stable: int,
+            flags: Flag) -> bytes:
+    data = text.encode()
+    if len(data) > MAX_TEXT:  # cut at a character boundary, and the stable prefix with it
+        text = data[:MAX_TEXT].decode(errors="ignore")
+        data, stable = text.encode(), min(stable, len(text))
+    return _frame(kind, stream, _RESULT.pack(samples, start, stable, flags) + data)
+
+
+def encode_partial(stream: int, text: str, samples: int, start: int = 0, stable: int = 0,
+                   flags: Flag = Flag.NONE) -> bytes:
+    return _result(Kind.PARTIAL, stream, text, samples, start, stable, flags)
+
+
+def encode_final(stream: int, text: str, samples: int, start: int = 0, stable: int | None = None,
+                 flags: Flag = Flag.LAST) -> bytes:
+    return _result(Kind.FINAL, stream, text, samples, start,
+                   len(text) if stable is None else stable, flags)
 
 
 def encode_error(stream: int, code: ErrorCode, message: str) -> bytes:
@@ -169,10 +226,14 @@ def encode(msg: Message) -> bytes:
             return encode_end(msg.stream)
         case SharedMemoryFile():
             return encode_shm(msg.stream, msg.name, msg.size, msg.samples)
+        case VADEvent():
+            return encode_event(msg.stream, msg.event, msg.at, msg.started_at)
         case Partial():
-            return encode_partial(msg.stream, msg.text, msg.samples)
+            return encode_partial(msg.stream, msg.text, msg.samples, msg.start, msg.stable,
+                                  msg.flags)
         case Final():
-            return encode_final(msg.stream, msg.text, msg.samples)
+            return encode_final(msg.stream, msg.text, msg.samples, msg.start, msg.stable,
+                                msg.flags)
         case Error():
             return encode_error(msg.stream, msg.code, msg.message)
     raise TypeError(f"not a wire message: {msg!r}")
@@ -213,12 +274,24 @@ def _parse(kind: int, stream: int, payload: bytes) -> Message:
             raise ProtocolError("SHM payload too short: expected size, samples and a name")
         size, samples = _SHM.unpack_from(payload)
         return SharedMemoryFile(stream, _text(payload[_SHM.size :], "SHM name"), size, samples)
+    if kind == Kind.EVENT:
+        if len(payload) != _EVENT.size:
+            raise ProtocolError(f"EVENT payload is {_EVENT.size} bytes (got {len(payload)})")
+        event, at, started_at = _EVENT.unpack_from(payload)
+        try:
+            ev = SpeechEvent(event)
+        except ValueError:
+            raise ProtocolError(f"unknown speech event {event}") from None
+        return VADEvent(stream, ev, at, started_at)
     if kind in (Kind.PARTIAL, Kind.FINAL):
         if len(payload) < _RESULT.size:
             raise ProtocolError(f"{Kind(kind).name} payload too short")
-        (samples,) = _RESULT.unpack_from(payload)
+        samples, start, stable, flags = _RESULT.unpack_from(payload)
         text = _text(payload[_RESULT.size :], f"{Kind(kind).name} text")
-        return (Partial if kind == Kind.PARTIAL else Final)(stream, text, samples)
+        if stable > len(text) or flags & ~int(Flag.SPECULATIVE | Flag.LAST):
+            raise ProtocolError(f"{Kind(kind).name} has a bad stable count or flags")
+        return (Partial if kind == Kind.PARTIAL else Final)(
+            stream, text, samples, start, stable, Flag(flags))
     if kind == Kind.ERROR:
         if len(payload) < _ERROR.size:
             raise ProtocolError("ERROR payload too short")

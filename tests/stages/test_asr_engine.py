@@ -163,6 +163,24 @@ def test_released_slot_drops_its_queued_requests():
     assert h1.text == "1" and h2 is None and be.batches == [[1]]
 
 
+def test_a_cancelled_request_is_dropped_only_while_it_waits():
+    async def main():
+        be = Recording(delay=0.2)
+        eng = ASREngine(be, capacity=4, window_ms=1, max_batch=1)
+        a, b = eng.open(), eng.open()
+        f1 = eng.submit(a, np.zeros(1, np.float32))
+        await asyncio.sleep(0.02)  # the lane has taken it
+        f2 = eng.submit(b, np.zeros(2, np.float32))
+        dropped, running = eng.cancel(f2), eng.cancel(f1)
+        r = await asyncio.gather(f1, f2)
+        eng.close()
+        return r, be, dropped, running, eng.stats.cancelled
+
+    (h1, h2), be, dropped, running, cancelled = asyncio.run(main())
+    assert dropped and not running and cancelled == 1
+    assert h1.text == "1" and h2 is None and be.batches == [[1]]
+
+
 def test_prompts_reach_only_a_backend_that_declares_them():
     async def run(prompts: bool):
         be = Recording(prompts=prompts)
@@ -350,7 +368,8 @@ def test_a_batch_gives_the_same_text_as_each_stream_alone(whisper):
     audio = [speech.load_float(name) for name in ("kittens", "quilter", "honest")]
 
     async def run(batching):
-        eng = ASREngine(whisper, capacity=4, window_ms=50, batching=batching)
+        # max_batch explicit: on its own the engine gives a linear-cost backend batches of one
+        eng = ASREngine(whisper, capacity=4, window_ms=50, max_batch=16, batching=batching)
         slots = [eng.open() for _ in audio]
         hyps = await asyncio.gather(*(eng.submit(s, a, final=True) for s, a in zip(slots, audio, strict=True)))
         stats = eng.stats

@@ -101,8 +101,8 @@ class Client:
         self.writer.close()
 
 
-async def serve(backend, tmp_path, capacity=4, **kw):
-    engine = ASREngine(backend, capacity=capacity)
+async def serve(backend, tmp_path, capacity=4, max_batch=None, **kw):
+    engine = ASREngine(backend, capacity=capacity, max_batch=max_batch)
     server = ASRServer(engine, **kw)
     path = str(tmp_path / "asr.sock")
     await server.start_unix(path)
@@ -138,6 +138,74 @@ def test_a_stream_of_real_speech_gets_partials_then_a_final(backend, pcm, tmp_pa
     assert final.samples == len(pcm["quilter"])
     assert wer(ref("quilter"), final.text) <= MAX_WER, final.text
     assert free
+    stable = ""  # the stream core's stable prefix: it never moves back
+    for p in partials:
+        assert p.text.startswith(stable), (stable, p.text)
+        stable = p.text[: p.stable]
+    assert stable, "no partial had a stable prefix"
+
+
+def speculative(got) -> int:
+    return sum(isinstance(m, wire.Partial) and m.speculative for m in got)
+
+
+def test_a_stream_with_vad_events_gets_speculative_partials_and_a_final_per_utterance(
+        backend, pcm, tmp_path):
+    sr = 16000
+    gap = np.zeros(sr, np.int16)
+    parts = [gap[: sr // 2], pcm["kittens"], gap, pcm["honest"], gap[: sr // 2]]
+    audio = np.concatenate(parts)
+    spans, at = [], 0
+    for part, voiced in zip(parts, (False, True, False, True, False), strict=True):
+        if voiced:
+            spans.append((at, at + len(part)))
+        at += len(part)
+    events = []  # (after sample, event, at, started_at), where a VAD would send them
+    for a, b in spans:
+        events += [(a + 1024, wire.SpeechEvent.STARTED, a, 0),
+                   (b + 512, wire.SpeechEvent.PAUSED, b, 0),
+                   (b + 4800, wire.SpeechEvent.STOPPED, b, a)]
+
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        c = await Client.connect(path)
+        c.send(wire.encode_open(3, {"events": True}))
+        step, k, pause = 3200, 0, None
+        for i in range(0, len(audio), step):
+            c.send(wire.encode_audio(3, audio[i : i + step].tobytes()))
+            while k < len(events) and events[k][0] <= i + step:
+                if events[k][1] is wire.SpeechEvent.PAUSED:
+                    pause = (events[k][2], speculative(c.received))
+                c.send(wire.encode_event(3, *events[k][1:]))
+                k += 1
+            await c.writer.drain()
+            if pause is not None and i + step >= pause[0] + 1600:
+                # A VAD's stop comes 300 ms after its pause. Here the stop waits until the
+                # speculative result (the pause + 100 ms) is back, however slow the machine.
+                await c.until(lambda got, seen=pause[1]: speculative(got) > seen)
+                pause = None
+            await asyncio.sleep(0.05)
+        c.send(wire.encode_end(3))
+        done = await c.until(lambda got: any(isinstance(m, wire.End) for m in got))
+        c.close()
+        await server.close()
+        engine.close()
+        return c.received, done
+
+    got, done = asyncio.run(main())
+    assert done and isinstance(got[-1], wire.End)
+    finals = [m for m in got if isinstance(m, wire.Final)]
+    assert [(f.start, f.samples) for f in finals] == spans
+    assert judged(("kittens", finals[0].text), ("honest", finals[1].text)) <= MAX_WER
+    partials = [m for m in got if isinstance(m, wire.Partial)]
+    assert any(p.speculative for p in partials)  # the pause was transcribed before the stop
+    first = got.index(finals[0])
+    for group in (partials[: len([p for p in got[:first] if isinstance(p, wire.Partial)])],
+                  [p for p in got[first:] if isinstance(p, wire.Partial)]):
+        stable = ""
+        for p in group:
+            assert p.text.startswith(stable), (stable, p.text)
+            stable = p.text[: p.stable]
 
 
 def test_many_streams_on_one_connection(backend, pcm, tmp_path):
@@ -172,7 +240,7 @@ def test_shared_memory_file_is_read_in_place_and_batched(backend, pcm, tmp_path)
         np.ndarray(len(audio), np.int16, buffer=shm.buf)[:] = audio
 
         async def main():
-            engine, server, path = await serve(backend, tmp_path)
+            engine, server, path = await serve(backend, tmp_path, max_batch=16)
             c = await Client.connect(path)
             c.send(wire.encode_shm(5, shm.name, audio.nbytes, len(audio)))
             final = await c.final(5)

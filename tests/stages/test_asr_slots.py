@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 
 from agent.errors import CapacityError
@@ -17,28 +16,14 @@ def test_exhaustion_refuses_with_a_clear_error():
 def test_release_zeroes_the_slot():
     pool = SlotPool(capacity=1, max_seconds=1)
     s = pool.acquire()
-    s.begin_utterance(1000)
-    s.append(np.full(800, 12000, np.int16))
-    s.committed = "hello"
+    s.audio[:800] = 0.25
+    s.stats.chunks_in = 3
     gen = s.generation
     pool.release(s)
-    assert s.length == 0 and s.start == 0 and s.committed == "" and not s.audio.any()
+    assert not s.audio.any()
     assert s.generation == gen + 1 and s.stats.chunks_in == 0
     pool.release(s)  # twice is harmless
     assert pool.in_use == 0
-
-
-def test_append_view_trim_and_overflow():
-    pool = SlotPool(capacity=1, max_seconds=0.1)  # 1600 samples
-    s = pool.acquire()
-    s.begin_utterance(5000)
-    assert s.append(np.arange(1000, dtype=np.int16)) == 0
-    assert np.allclose(s.view()[:3] * 32768, [0, 1, 2])
-    assert len(s.view(upto=5500)) == 500
-    s.trim(5400)
-    assert s.start == 5400 and s.length == 600 and round(s.audio[0] * 32768) == 400
-    assert s.append(np.ones(1200, np.int16)) == 200  # 200 did not fit
-    assert s.end == 5400 + 1600
 
 
 def test_no_leak_after_a_thousand_cycles():
@@ -47,8 +32,8 @@ def test_no_leak_after_a_thousand_cycles():
     for _ in range(1000):
         s = pool.acquire()
         ids.add(id(s.audio))
-        s.append(np.ones(320, np.int16))
+        s.audio[:320] = 0.5
         pool.release(s)
     assert pool.in_use == 0 and len(ids) <= 4  # the same preallocated buffers, nothing new
     held = [pool.acquire() for _ in range(4)]
-    assert all(not s.audio.any() and s.length == 0 for s in held)
+    assert all(not s.audio.any() for s in held)

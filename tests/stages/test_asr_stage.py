@@ -329,7 +329,7 @@ def test_streams_share_one_engine_and_give_their_slots_back(whisper):
         except CapacityError:
             refused = True
         slot = a._slot
-        a._write(np.full(320, 1000, np.int16), 0)
+        a.stream.audio(np.full(320, 1000, np.int16), 0)
         await a.stop()
         zeroed = slot is not None and not slot.audio.any() and a._slot is None
         await b.stop()

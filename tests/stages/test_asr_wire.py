@@ -14,9 +14,12 @@ from stages.asr.wire import (
     Error,
     ErrorCode,
     Final,
+    Flag,
     Open,
     Partial,
     SharedMemoryFile,
+    SpeechEvent,
+    VADEvent,
 )
 
 streams = st.integers(min_value=0, max_value=0xFFFF_FFFF)
@@ -27,6 +30,8 @@ messages = st.one_of(
     st.builds(End, streams),
     st.builds(SharedMemoryFile, streams, st.text(min_size=1, max_size=40),
               st.integers(0, 2**63), st.integers(0, 2**63)),
+    st.builds(VADEvent, streams, st.sampled_from(list(SpeechEvent)), st.integers(0, 2**63),
+              st.integers(0, 2**63)),
     st.builds(Partial, streams, texts, st.integers(0, 2**63)),
     st.builds(Final, streams, texts, st.integers(0, 2**63)),
     st.builds(Error, streams, st.sampled_from(list(ErrorCode)), texts),
@@ -40,7 +45,11 @@ def test_each_message_round_trips():
         End(1),
         SharedMemoryFile(2, "psm_abc", 9_600_000, 4_800_000),
         Partial(1, "hello wor", 8000),
+        VADEvent(1, SpeechEvent.PAUSED, 7680),
+        VADEvent(1, SpeechEvent.STOPPED, 8000, 1600),
+        Partial(1, "hello world", 8000, 1600, 5, Flag.SPECULATIVE),
         Final(1, "hello world — ünïcode", 16000),
+        Final(1, "hello world — ünïcode", 16000, 1600, 21, Flag.LAST),
         Error(0, ErrorCode.PROTOCOL, "bad frame"),
     ]
     data = b"".join(wire.encode(m) for m in msgs)
@@ -108,7 +117,14 @@ def test_messages_before_a_violation_are_kept_and_nothing_after():
         (struct.pack(">IBI", 6, wire.Kind.END, 1) + b"x", "END carries no payload"),
         (struct.pack(">IBI", 9, wire.Kind.SHM, 1) + b"\0" * 4, "SHM payload too short"),
         (struct.pack(">IBI", 7, wire.Kind.ERROR, 1) + b"\x00\x63", "unknown error code 99"),
-        (struct.pack(">IBI", 14, wire.Kind.FINAL, 1) + b"\0" * 8 + b"\xff", "not valid UTF-8"),
+        (struct.pack(">IBI", 27, wire.Kind.FINAL, 1) + b"\0" * 21 + b"\xff", "not valid UTF-8"),
+        (struct.pack(">IBI", 26, wire.Kind.PARTIAL, 1) + struct.pack(">QQIB", 1, 0, 1, 0),
+         "bad stable count"),
+        (struct.pack(">IBI", 27, wire.Kind.PARTIAL, 1) + struct.pack(">QQIB", 1, 0, 0, 8) + b"a",
+         "bad stable count or flags"),
+        (struct.pack(">IBI", 22, wire.Kind.EVENT, 1) + struct.pack(">BQQ", 9, 0, 0),
+         "unknown speech event 9"),
+        (struct.pack(">IBI", 6, wire.Kind.EVENT, 1) + b"\x01", "EVENT payload is 17 bytes"),
     ],
 )
 def test_malformed_frames_get_a_clear_error(frame, reason):
@@ -129,7 +145,7 @@ def test_a_truncated_frame_waits_for_the_rest():
     dec = Decoder()
     assert dec.feed(frame[:-3]) == []
     assert dec.error is None and dec.buffered == len(frame) - 3
-    assert dec.feed(frame[-3:]) == [Final(2, "partial delivery", 480)]
+    assert dec.feed(frame[-3:]) == [Final(2, "partial delivery", 480, 0, 16, Flag.LAST)]
 
 
 def test_long_audio_is_split_into_frames_within_the_limit():

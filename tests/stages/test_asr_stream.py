@@ -1,0 +1,223 @@
+"""The ASR stream core alone, with no loop, engine or thread: the caller answers each request
+at once with the fake word reader of test_asr_shells (the audio names its words)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_asr_shells import FRAME, SR, WORDS, WordBackend, speech
+
+from stages.asr.stream import (
+    TRANSITIONS,
+    ASRStream,
+    Cancel,
+    Event,
+    Failure,
+    Kind,
+    Phase,
+    Request,
+    Result,
+    StreamConfig,
+)
+
+read = WordBackend.read
+
+
+def _cfg(max_utterance_s=25.0, commit_after_s=6.0, **kw) -> StreamConfig:
+    from dataclasses import replace
+
+    return replace(StreamConfig.from_ms(SR, 400, max_utterance_s, commit_after_s), **kw)
+
+
+class Driver:
+    """Feeds a core and answers its requests at once; keeps everything it said."""
+
+    def __init__(self, config: StreamConfig, answer=read) -> None:
+        self.core = ASRStream(np.zeros(config.ring, np.float32), config)
+        self.answer = answer
+        self.requests: list[Request] = []
+        self.results: list[Result] = []
+        self.failures: list[Failure] = []
+        self.cancelled: list[int] = []
+        self.held: list[Request] = []  # requests not answered yet (hold=True)
+        self.hold = False
+
+    def pump(self) -> None:
+        while out := self.core.take():
+            for o in out:
+                if isinstance(o, Request):
+                    self.requests.append(o)
+                    if self.hold:
+                        self.held.append(o)
+                    else:
+                        self.core.done(o.id, self.answer(o.audio))
+                elif isinstance(o, Result):
+                    self.results.append(o)
+                elif isinstance(o, Cancel):  # as the engine does: dropped if not started
+                    self.cancelled.append(o.id)
+                    self.held = [r for r in self.held if r.id != o.id]
+                else:
+                    self.failures.append(o)
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for r in held:
+            self.core.done(r.id, self.answer(r.audio))
+        self.pump()
+
+    def play(self, audio: np.ndarray, start: int = 0, events=()) -> None:
+        events = sorted(events)
+        k = 0
+        for off in range(0, len(audio), FRAME):
+            self.core.audio(audio[off : off + FRAME], start + off)
+            self.pump()
+            while k < len(events) and events[k][0] <= start + off + FRAME:
+                _, name, *args = events[k]
+                getattr(self.core, name)(*args)
+                self.pump()
+                k += 1
+
+    def finals(self) -> list[str]:
+        return [r.text for r in self.results if r.final]
+
+
+def test_every_transition_is_in_the_table_and_anything_else_is_a_bug():
+    assert TRANSITIONS[(Phase.SPEAKING, Event.PAUSE)] is Phase.PAUSED
+    assert TRANSITIONS[(Phase.STOPPED, Event.FINAL)] is Phase.DONE
+    with pytest.raises(KeyError):
+        TRANSITIONS[(Phase.DONE, Event.STOP)]
+    # every phase but DONE can be reached, and DONE only through a final
+    reached = {to for (_, ev), to in TRANSITIONS.items()}
+    assert reached == {Phase.SPEAKING, Phase.PAUSED, Phase.STOPPED, Phase.DONE}
+    assert {ev for (_, ev), to in TRANSITIONS.items() if to is Phase.DONE} <= {Event.FINAL,
+                                                                             Event.SPECULATED}
+
+
+def test_a_tail_final_reads_only_the_uncommitted_audio_and_keeps_every_word():
+    words = " ".join(WORDS[1:21])  # 8 s
+    audio = speech(f"_ {words} _ _")
+    d = Driver(_cfg(commit_after_s=3.0, whole_finals=False))
+    d.play(audio, events=[(s(0.46), "started", s(0.4)), (s(8.7), "stopped", s(8.4), s(0.4))])
+    assert d.finals() == [words]
+    final = next(r for r in d.requests if r.kind is Kind.FINAL)
+    assert final.end - final.start < s(3.5)  # the tail only
+    assert final.prompt.startswith("alpha bravo")  # read in the context of what was committed
+    assert d.core.commits >= 2
+
+
+def test_whole_finals_read_the_utterance_and_agree_with_tail_finals_on_clean_cuts():
+    words = " ".join(WORDS[1:21])
+    audio = speech(f"_ {words} _ _")
+    events = [(s(0.46), "started", s(0.4)), (s(8.7), "stopped", s(8.4), s(0.4))]
+    whole, tail = Driver(_cfg(commit_after_s=3.0)), Driver(_cfg(commit_after_s=3.0,
+                                                                whole_finals=False))
+    whole.play(audio, events=events)
+    tail.play(audio, events=events)
+    assert whole.finals() == tail.finals() == [words]
+    final = next(r for r in whole.requests if r.kind is Kind.FINAL)
+    assert final.end - final.start >= s(8.0)
+    # partials are the same either way: only the final differs
+    assert [r.text for r in whole.results if not r.final] == \
+        [r.text for r in tail.results if not r.final]
+
+
+def test_a_request_waiting_too_long_reports_lost_audio_and_the_final_still_comes():
+    config = _cfg(max_utterance_s=2.0)  # a 12.2-s ring
+    d = Driver(config)
+    d.hold = True
+    audio = speech("alpha bravo charlie")
+    d.play(audio, events=[(s(0.06), "started", 0)])
+    assert d.held  # the first partial, unanswered
+    # 20 s later the stream stops; the ring no longer has the utterance's start
+    later = s(20.0)
+    d.core.audio(np.zeros(config.ring, np.int16), later - config.ring + FRAME)
+    d.core.stopped(later, 0)
+    d.pump()
+    d.hold = False
+    d.release()
+    assert any("overwritten" in f.message for f in d.failures)
+    assert len([r for r in d.results if r.kind is Kind.FINAL]) == 1
+
+
+def test_end_of_stream_delivers_each_owed_final_at_once_with_the_best_text():
+    d = Driver(_cfg())
+    audio = speech("alpha bravo charlie delta _")
+    d.play(audio, events=[(s(0.06), "started", 0)])
+    d.hold = True
+    d.core.stopped(s(1.6), 0)
+    d.pump()
+    assert d.core.busy  # the final's call is out
+    d.core.end_of_stream()
+    d.pump()
+    finals = [r for r in d.results if r.final]
+    stable = [r for r in d.results if not r.final][-1]
+    assert [f.text for f in finals] == [stable.text[: stable.stable]]  # the stable prefix
+    assert finals[0].text.startswith("alpha bravo") and d.core.flushed == 1
+    d.release()  # the late answer changes nothing
+    assert len([r for r in d.results if r.final]) == 1
+
+
+def test_the_ring_takes_int16_and_float_and_fills_gaps_with_silence():
+    config = _cfg(max_utterance_s=1.0)
+    core = ASRStream(np.zeros(config.ring, np.float32), config)
+    core.audio(np.full(320, 16384, np.int16), 0)
+    core.audio(np.array([np.nan, 2.0, -3.0, 0.25] * 80, np.float32), 640)  # a 320-sample gap
+    got = core._span_copy(0, 960)
+    assert np.all(got[:320] == 0.5)
+    assert np.all(got[320:640] == 0.0)
+    assert list(got[640:644]) == [0.0, 1.0, -1.0, 0.25]
+    # wrapping around the ring's end keeps every sample
+    at = config.ring - 100
+    core.audio(np.arange(320, dtype=np.int16), at)
+    assert np.array_equal(core._span_copy(at, at + 320) * 32768, np.arange(320))
+
+
+def test_a_config_shrinks_its_longest_utterance_to_fit_a_ring():
+    config = _cfg(max_utterance_s=25.0)
+    small = config.fitting(30 * SR)
+    assert small.ring == 30 * SR and small.max_utterance < config.max_utterance
+    assert config.fitting(config.ring) is config
+    with pytest.raises(ValueError, match="no room"):
+        config.fitting(10 * SR)
+    with pytest.raises(ValueError, match="needs"):
+        ASRStream(np.zeros(SR, np.float32), config)
+
+
+def s(t: float) -> int:
+    return int(round(t * SR))
+
+
+def test_a_final_does_not_wait_for_a_partial_in_flight():
+    d = Driver(_cfg())
+    audio = speech("alpha bravo charlie delta _ _")
+    d.play(audio[: s(1.2)], events=[(s(0.06), "started", 0)])
+    d.hold = True
+    d.play(audio[s(1.2) : s(1.6)], start=s(1.2))  # a partial goes out and is not answered
+    partial = d.held[-1]
+    assert partial.kind is Kind.PARTIAL
+    d.core.stopped(s(1.6), 0)
+    d.pump()
+    final = d.held[-1]
+    assert final.kind is Kind.FINAL and d.cancelled == [partial.id]  # at once, not after it
+    d.core.done(partial.id, "a late answer")  # one that had started anyway is ignored
+    d.core.done(final.id, read(final.audio))
+    d.pump()
+    assert [r.text for r in d.results if r.final] == ["alpha bravo charlie delta"]
+    assert all(r.text != "a late answer" for r in d.results)
+
+
+def test_a_partial_waits_for_room_and_then_reads_the_newest_audio():
+    room = [False]
+    config = _cfg()
+    d = Driver(config)
+    d.core = ASRStream(np.zeros(config.ring, np.float32), config, room=lambda: room[0])
+    audio = speech("alpha bravo charlie delta _ _")
+    d.play(audio[: s(1.0)], events=[(s(0.06), "started", 0)])
+    assert not d.requests  # the engine is full: nothing goes
+    room[0] = True
+    d.play(audio[s(1.0) : s(1.02)], start=s(1.0))
+    assert [(r.kind, r.end) for r in d.requests] == [(Kind.PARTIAL, s(1.02))]
+    room[0] = False  # a final never waits for room
+    d.core.stopped(s(1.02), 0)
+    d.pump()
+    assert d.requests[-1].kind is Kind.FINAL and d.finals()
