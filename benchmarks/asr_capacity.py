@@ -240,8 +240,7 @@ async def lockstep(backend, vad_base, manifest, commit_after_s: float) -> dict:
             "wer": wer(" ".join(refs), " ".join(hyps)), "model_s": sum(timed.ms) / 1000,
             "calls": kinds, "partial_cost": rows,
             "clip_wer": {m["id"]: round(wer(r, h), 4) for m, r, h in zip(manifest, refs, hyps,
-                                                                         strict=True)},
-            "_hyps": hyps}
+                                                                         strict=True)}}
 
 
 async def run_level(setup: str, n: int, backend, vad_base, cfg: ASRConfig, clips, args) -> dict:
