@@ -346,7 +346,9 @@ class ASRStream:
         u.spec_wanted = 0
         u.stopped_at = at
         u.target = self._last_utt_end = max(min(at + self._end_pad, self._end), u.start)
-        if self._spec_covers(u, u.target) and not self._pending(u):
+        # (a commit still to come moves a tail final's start: its speculative result is stale)
+        if self._spec_covers(u, u.target) and (self._whole(Kind.FINAL)
+                                               or not self._commit_pending(u)):
             self.speculative_finals += 1
             assert u.spec is not None
             self._final(u, u.spec[2])
@@ -428,7 +430,7 @@ class ASRStream:
         self.closed = True
 
     # --- scheduling ----------------------------------------------------------------------------
-    def _pending(self, u: _Utterance) -> bool:
+    def _commit_pending(self, u: _Utterance) -> bool:
         jobs = [self._running] if self._running is not None else []
         return any(j.utt is u and j.kind is Kind.COMMIT for j in (*jobs, *self._queue))
 
