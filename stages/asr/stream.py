@@ -35,7 +35,7 @@ Scheduling rules (all samples are media samples at the backend's rate):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum, IntEnum
 from typing import Any
@@ -197,6 +197,7 @@ class Failure:
 
 
 Output = Request | Result | Cancel | Failure
+_NONE: tuple[Output, ...] = ()  # what take() hands back when there is nothing
 
 
 @dataclass(slots=True, eq=False)
@@ -286,9 +287,13 @@ class ASRStream:
     def end(self) -> int:
         return self._end
 
-    def take(self) -> list[Output]:
-        """The requests and results produced since the last call, in order."""
-        out, self._out = self._out, []
+    def take(self) -> Sequence[Output]:
+        """The requests and results produced since the last call, in order (most frames
+        produce none: then nothing is allocated)."""
+        out = self._out
+        if not out:
+            return _NONE
+        self._out = []
         return out
 
     # --- inputs --------------------------------------------------------------------------------
@@ -492,9 +497,12 @@ class ASRStream:
         # delay it, and with it the final, by a whole model call.
         if u is None or u.phase is Phase.PAUSED or not self.cfg.partials:
             return
+        commit = self.cfg.commit_after and self._end - u.commit > self.cfg.commit_after
+        if not commit and self._end - u.partial_end < self.cfg.partial_interval:
+            return  # nothing due (the common case, every frame: asks the engine nothing)
         if self._room is not None and not self._room():
             return  # the engine is full: the next audio frame tries again, with newer audio
-        if self.cfg.commit_after and self._end - u.commit > self.cfg.commit_after:
+        if commit:
             lo = u.commit + int(self.cfg.commit_after * COMMIT_FROM)
             hi = self._end - int(self.cfg.commit_after * COMMIT_KEEP)
             if hi > lo:
