@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agent.frames import Frame, Interrupt
 from agent.pacer import Pacer
 from agent.playout import Playout
 from transports.g711 import G711Codec
@@ -115,3 +116,25 @@ class NarrowbandPlayout:
 
     def reset(self) -> None:
         self.encoder.reset()
+
+
+class NarrowbandCall:
+    """What Twilio's and RTP's sans-I/O call cores share: the session's playout as G.711 packets
+    on the one pacer (``_outbound``), and a barge-in that forgets the encoder's tail."""
+
+    _outbound: NarrowbandPlayout
+
+    @property
+    def pacer(self) -> Pacer:
+        return self._outbound.pacer
+
+    def delay(self, now_ns: int) -> float:
+        """Seconds until the next packet time is due."""
+        return self._outbound.pacer.delay(now_ns)
+
+    def _on_frame(self, frame: Frame) -> None:
+        if isinstance(frame, Interrupt):
+            self._interrupted()
+
+    def _interrupted(self) -> None:
+        self._outbound.reset()

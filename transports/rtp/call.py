@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.frames import Dtmf, Frame, Interrupt
-from agent.pacer import Pacer
+from agent.frames import Dtmf, Interrupt
 from agent.session import Session
 from transports.g711 import G711Codec
-from transports.narrowband import PACKET_SAMPLES, NarrowbandDecoder, NarrowbandPlayout
+from transports.narrowband import (
+    PACKET_SAMPLES,
+    NarrowbandCall,
+    NarrowbandDecoder,
+    NarrowbandPlayout,
+)
 from transports.rtp.dtmf import DtmfParseError, DtmfReceiver
 from transports.rtp.jitterbuffer import JitterBuffer
 from transports.rtp.packet import Packetizer, RtpParseError, parse_rtp
@@ -37,7 +41,7 @@ class MediaStats:
     dtmf: str = ""
 
 
-class RtpCall:
+class RtpCall(NarrowbandCall):
     """``send_silence``: quiet packet times carry comfort silence (False: the RTP clock skips
     them, a pause rather than a loss to the receiver)."""
 
@@ -68,18 +72,6 @@ class RtpCall:
         # diagnostics: proves what we sent arrived, and lets a test measure its energy)
         self.echo_payloads: list[bytes] | None = None
         session.listen(self._on_frame, frozenset({Interrupt}))
-
-    @property
-    def pacer(self) -> Pacer:
-        return self._outbound.pacer
-
-    def delay(self, now_ns: int) -> float:
-        """Seconds until the next packet time is due."""
-        return self._outbound.pacer.delay(now_ns)
-
-    def _on_frame(self, frame: Frame) -> None:
-        if isinstance(frame, Interrupt):
-            self._outbound.reset()
 
     # --- caller → us -------------------------------------------------------------------------
     def receive(self, data: bytes, now_ns: int) -> None:

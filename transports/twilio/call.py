@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.frames import Dtmf, Frame, Interrupt
-from agent.pacer import Pacer
+from agent.frames import Dtmf, Interrupt
 from agent.session import Session
 from transports.g711 import PCMU
-from transports.narrowband import NarrowbandDecoder, NarrowbandPlayout
+from transports.narrowband import NarrowbandCall, NarrowbandDecoder, NarrowbandPlayout
 from transports.twilio.messages import (
     Clear,
     Connected,
@@ -50,7 +49,7 @@ class TwilioCallStats:
     marks: list[MarkRecord] = field(default_factory=list)
 
 
-class TwilioCall:
+class TwilioCall(NarrowbandCall):
     """``start`` (the start message) must arrive before media; ``stopped`` turns true on stop.
 
     ``heard_from_marks``: stamp ``audio_out`` when Twilio echoes the utterance's first mark
@@ -73,18 +72,9 @@ class TwilioCall:
         self._clear_due = False
         session.listen(self._on_frame, frozenset({Interrupt}))
 
-    @property
-    def pacer(self) -> Pacer:
-        return self._outbound.pacer
-
-    def delay(self, now_ns: int) -> float:
-        """Seconds until the next packet time is due."""
-        return self._outbound.pacer.delay(now_ns)
-
-    def _on_frame(self, frame: Frame) -> None:
-        if isinstance(frame, Interrupt):
-            self._clear_due = True
-            self._outbound.reset()
+    def _interrupted(self) -> None:
+        self._clear_due = True  # Twilio is told to drop what it buffered
+        super()._interrupted()
 
     # --- Twilio → us -------------------------------------------------------------------------
     def receive(self, msg: InboundMessage, now_ns: int) -> None:
