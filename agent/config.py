@@ -76,12 +76,20 @@ class LLMConfig:
     )
     max_tokens: int = 48
     temperature: float = 0.3
-    history_turns: int = 6
+    # the history grows to this many earlier turns, then the oldest half go at once, so the
+    # prompt's beginning (and the model's cache of it) stays put between drops (chat.py)
+    history_turns: int = 16
     timeout_s: float = 30.0
     threads: int = 1  # generation threads (one leaves a core to the TTS and ASR)
     batch_threads: int = 2  # prompt-evaluation threads: the time to the first token
     burst_tokens: int = 10  # the reply's first tokens are generated with batch_threads too
-    context: int = 1024
+    context: int = 2048  # local: tokens; 16 turns of ~70-100 tokens, the reply included
+    # local: keep each call's KV cache between its turns (evaluate only what is new, shift
+    # out dropped turns); off: llama.cpp's plain prefix match, one conversation at a time
+    kv_reuse: bool = True
+    # local: paused calls' KV caches kept in RAM; SmolLM2 takes 23 KB a token, so ~27 MB for
+    # a 1,200-token conversation and ~9 paused calls in 256 MB (the rest re-evaluate)
+    kv_saved_mb: int = 256
 
     def resolved_api_key(self) -> str:
         return self.api_key or os.environ.get("VOXLINE_LLM_API_KEY") or os.environ.get(

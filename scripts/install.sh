@@ -28,7 +28,8 @@ fi
 # -march=native build switches on every instruction set the CPU reports, AMX included, and some
 # virtual machines report AMX without allowing it ("Illegal instruction" at the first token).
 # So: the instruction sets this CPU has, named one by one, and never AMX.
-if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+# (0.3.36 up to 0.4: stages/llm/local.py keeps each call's KV cache through llama_memory_* calls)
+if ! "$PY" -c "import llama_cpp, sys; v = tuple(int(x) for x in llama_cpp.__version__.split('.')[:3]); sys.exit(not (0, 3, 36) <= v < (0, 4))" 2>/dev/null; then
   flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
   has() { case " $flags " in *" $1 "*) echo ON;; *) echo OFF;; esac; }
   cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma)"
@@ -37,7 +38,7 @@ if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
   cmake_args="$cmake_args -DGGML_AVX_VNNI=$(has avx_vnni) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
   echo "==> building llama-cpp-python (about 7 min on 2 cores): $cmake_args"
   CMAKE_ARGS="${CMAKE_ARGS:-$cmake_args}" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
-    "$PY" -m pip install -q --no-cache-dir 'llama-cpp-python>=0.3.7'
+    "$PY" -m pip install -q --no-cache-dir 'llama-cpp-python>=0.3.36,<0.4'
 fi
 echo "==> pip install -e .[$extras]"
 "$PY" -m pip install -q -e ".[$extras]"

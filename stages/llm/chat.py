@@ -51,23 +51,43 @@ class Message:
 
 
 class ChatHistory:
-    """The system prompt plus the last ``max_turns`` turns before the current one.
+    """The system prompt plus at most ``max_turns`` turns before the current one.
 
     A turn is a user message and what follows it; assistant messages before the first user
     message (the greeting) count as a turn of their own.
+
+    The history only grows at its end, so every request begins with the previous request and
+    a model server's cache of it (llama.cpp's KV cache, vLLM's prefix cache) covers all but the
+    new turn. A window that slid by one turn would change the prompt's beginning every turn and
+    leave nothing to reuse. So when the earlier turns would pass ``max_turns``, the oldest go in
+    one block, leaving the ``keep_turns`` most recent (default half of ``max_turns``); the
+    prompt's beginning then changes once every ``max_turns - keep_turns + 1`` turns.
+
+    The arithmetic for the defaults (``history_turns`` 16, context 2048, ``max_tokens`` 48,
+    SmolLM2's tokenizer): a turn is the caller's words (~20 tokens for a typical 14-word turn),
+    the reply (at most 48) and ~10 tokens of chat template, so ~70 tokens, ~100 with a long
+    question and a full reply. The system prompt is ~30, so 16 earlier turns, the current one
+    and its reply come to ~1,200 tokens typically and ~1,700 at worst: inside 2048. The block
+    drop happens once every 9 turns; ``keep_turns == max_turns`` is the old one-turn slide.
     """
 
-    def __init__(self, system_prompt: str, max_turns: int) -> None:
+    def __init__(self, system_prompt: str, max_turns: int, keep_turns: int | None = None) -> None:
         self.system_prompt = system_prompt
         self.max_turns = max(0, max_turns)
+        keep = self.max_turns // 2 if keep_turns is None else keep_turns
+        self.keep_turns = min(max(0, keep), self.max_turns)
         self.entries: list[Message] = []
 
     def add_user(self, text: str) -> None:
         self.entries.append(Message("user", text))
-        self._trim()
+        self._trim(current=True)
 
     def add_assistant(self, text: str, truncated: bool = False) -> None:
         self.entries.append(Message("assistant", text, truncated))
+        # Trimmed already here, not only when the next turn begins: a prefill or speculative
+        # request for that turn (history + the caller's words so far) then sends the same
+        # beginning as the turn's real request.
+        self._trim(current=False)
 
     def discard_turn(self) -> None:
         """Forget the last user message and what followed it."""
@@ -88,10 +108,13 @@ class ChatHistory:
         )
         return out
 
-    def _trim(self) -> None:
+    def _trim(self, current: bool) -> None:
+        """Drop the oldest turns in one block once the earlier turns pass ``max_turns``; with
+        ``current`` the last turn is the one just begun and not an earlier one."""
         starts = [i for i, m in enumerate(self.entries) if m.role == "user"]
-        if starts and starts[0] > 0:
+        if self.entries and (not starts or starts[0] > 0):
             starts.insert(0, 0)
-        keep = self.max_turns + 1  # the earlier turns plus the one just begun
-        if len(starts) > keep:
-            del self.entries[: starts[-keep]]
+        earlier = len(starts) - current
+        if earlier > self.max_turns:
+            cut = earlier - self.keep_turns
+            del self.entries[: starts[cut] if cut < len(starts) else len(self.entries)]

@@ -1,4 +1,5 @@
-"""The conversation history: system prompt, trimming to the last turns, truncated replies."""
+"""The conversation history: system prompt, trimming old turns in blocks (a stable prefix),
+truncated replies."""
 
 from __future__ import annotations
 
@@ -16,14 +17,54 @@ def test_messages_start_with_the_system_prompt() -> None:
     ]
 
 
-def test_only_the_last_turns_are_kept_besides_the_current_one() -> None:
-    h = ChatHistory("S", 2)
+def test_keep_turns_equal_to_max_turns_is_the_old_one_turn_slide() -> None:
+    h = ChatHistory("S", 2, keep_turns=2)
     h.add_assistant("Welcome!")  # the greeting is a turn of its own
     for i in range(4):
         h.add_user(f"q{i}")
         h.add_assistant(f"a{i}")
     h.add_user("now")
     assert [m["content"] for m in h.messages()] == ["S", "q2", "a2", "q3", "a3", "now"]
+
+
+def test_old_turns_go_in_one_block_leaving_half() -> None:
+    h = ChatHistory("S", 4)
+    assert h.keep_turns == 2
+    for i in range(5):
+        h.add_user(f"q{i}")
+        h.add_assistant(f"a{i}")
+    # Five earlier turns would pass four: the oldest three go at once, as soon as the reply
+    # is in (so a prefill for the next turn already sends the shorter history).
+    assert [m["content"] for m in h.messages()] == ["S", "q3", "a3", "q4", "a4"]
+    h.add_user("now")
+    assert [m["content"] for m in h.messages()] == ["S", "q3", "a3", "q4", "a4", "now"]
+
+
+def test_the_prompt_only_grows_between_block_drops() -> None:
+    max_turns, keep = 6, 3
+    h = ChatHistory("S", max_turns, keep)
+    h.add_assistant("Welcome!")
+    previous: list[dict[str, str]] = []
+    changed = []
+    for i in range(30):
+        h.add_user(f"question {i}")
+        request = h.messages()
+        assert len(request) <= 1 + 2 * max_turns + 1  # system, earlier turns, this one
+        if request[: len(previous)] != previous:
+            changed.append(i)
+        h.add_assistant(f"answer {i}")
+        previous = request
+    # The beginning changes once every max_turns - keep + 1 turns, not every turn.
+    assert changed == list(range(6, 30, max_turns - keep + 1))
+
+
+def test_a_user_message_without_a_reply_is_trimmed_when_the_next_turn_begins() -> None:
+    h = ChatHistory("S", 2, keep_turns=1)
+    for i in range(3):
+        h.add_user(f"q{i}")  # turns whose replies are never added
+    assert [m["content"] for m in h.messages()] == ["S", "q0", "q1", "q2"]
+    h.add_user("q3")  # three earlier turns would pass two: one is kept
+    assert [m["content"] for m in h.messages()] == ["S", "q2", "q3"]
 
 
 def test_greeting_stays_while_it_is_recent() -> None:
