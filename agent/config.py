@@ -34,6 +34,13 @@ class VADConfig:
     stop_ms: int = 300  # silence after the voice stopped that turns a pause into SpeechStopped
     pad_ms: int = 160  # audio kept before the detected start of speech
     threads: int = 1  # onnxruntime intra-op threads
+    # The line's noise floor: its quietest stretch in the last noise_window_ms. Once a voice has
+    # risen noise_voice_db above it (in this utterance, or that recently), windows within
+    # noise_margin_db of it are silence to the VAD even where Silero, hearing the noise, says
+    # speech: they pause and stop speech and start none. 0 turns it off (Silero alone decides).
+    noise_margin_db: float = 6.0
+    noise_voice_db: float = 15.0
+    noise_window_ms: int = 3000
 
 
 @dataclass(slots=True)

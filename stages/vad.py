@@ -4,6 +4,7 @@ the stage that turns its per-window probabilities into SpeechStarted/Paused/Stop
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,29 @@ LOUD_DB = 35.0
 LOUD_FLOOR = 1e-3
 _LOUD_RATIO_SQ = 10 ** (-LOUD_DB / 10)
 STOP_LEAD_WINDOWS = 3  # the stop silence may start at most this much before Silero's pause
+# With the noise rule on, a loud frame must also rise noise_margin_db + LOUD_NOISE_DB above the
+# line's noise floor: the line is not the voice. The extra 3 dB because a 20-ms frame of a
+# fluctuating noise (babble) passes the margin that its 32-ms windows keep to; without it the
+# voice's end ran on into the noise and the stop silence was counted from Silero's late pause.
+LOUD_NOISE_DB = 3.0
+_LOUD_NOISE_RATIO = 10 ** (LOUD_NOISE_DB / 10)
+# The noise floor (VADConfig.noise_*): the minimum of the windows' smoothed energy over the last
+# noise_window_ms, kept as FLOOR_BLOCKS block minima so a window costs a few float operations.
+# Smoothing keeps the minimum near the noise's typical level rather than its deepest dip.
+FLOOR_BLOCKS = 8
+FLOOR_SMOOTH = 0.5  # weight of a new window in the smoothed energy
+FLOOR_MIN = 1e-9  # -90 dBFS: digital silence has a floor, so "near the floor" stays meaningful
+# NOISE_QUIET of the last NOISE_WINDOWS windows near the floor pause speech as one window below
+# neg_threshold does (one burst of a fluctuating noise, babble, does not undo that), and the stop
+# silence counts from the voice's end, at most STOP_LEAD_WINDOWS before that pause: a stop on the
+# noise rule comes about 160 ms later than one on a quiet line. Measured on the speech set
+# (benchmarks/noise.py): a pause after 4 or 6 such windows stopped recordings with a noisy floor
+# mid-sentence, where Silero hears the speaker go on (its 71 stops became 80 and 78); after 8,
+# 76, and the end of speech in noise came no later at p95. (The 5 more are all in two recordings
+# with a -38 and a -45 dBFS floor, where the loud rule now finds the voice's end.)
+NOISE_WINDOWS = 9
+NOISE_QUIET = 8
+_NOISE_MASK = (1 << NOISE_WINDOWS) - 1
 
 
 def silero_model_path() -> Path:
@@ -178,6 +202,14 @@ class VADStage(Stage):
     costs about 0.2 ms, so the model runs inline. ``model``, if given, is this stream's model
     (e.g. ``shared.fork()``); it is reset. ``SpeechStarted.at`` is where the VAD heard speech
     begin; keeping ``pad_ms`` of audio before it is the consumer's business (the ASR).
+
+    The noise rule (``noise_margin_db`` > 0): Silero may go on hearing speech in a line's noise
+    long after the voice stopped (babble, mostly). So the stage tracks the stream's noise floor,
+    and once a voice has risen ``noise_voice_db`` above it (in this utterance or within the
+    floor's history), windows within ``noise_margin_db`` of the floor count as silence, whatever
+    Silero says: 8 of the last 9 pause speech, and they neither resume it nor start it. A loud
+    frame must also clear the floor, so the voice's end does not run on into the noise. Where
+    speech starts stays Silero's decision; in noise with no voice above it, so does its end.
     """
 
     name = "vad"
@@ -190,6 +222,13 @@ class VADStage(Stage):
         self.model.reset()
         self._start_windows = max(1, -(-cfg.start_ms * SAMPLE_RATE // (1000 * WINDOW)))
         self._stop_samples = cfg.stop_ms * SAMPLE_RATE // 1000
+        self._noise_rule = cfg.noise_margin_db > 0
+        self._near_ratio = 10 ** (cfg.noise_margin_db / 10)
+        self._voice_ratio = 10 ** (cfg.noise_voice_db / 10)
+        history = cfg.noise_window_ms * SAMPLE_RATE // (1000 * WINDOW)
+        self._block_windows = max(1, -(-history // FLOOR_BLOCKS))
+        self._history = self._block_windows * FLOOR_BLOCKS * WINDOW  # samples
+        self._block_mins = [math.inf] * FLOOR_BLOCKS
         self._window = np.zeros(WINDOW, dtype=np.float32)
         # A frame's samples as float, for its loudness; grown (rarely) for a longer frame.
         self._scratch = np.zeros(FRAME_SAMPLES, dtype=np.float32)
@@ -200,11 +239,29 @@ class VADStage(Stage):
         self.rejected = 0  # AudioIn frames not analysed (bad rate, dtype or shape)
         self.last_prob = 0.0
         self._reported: set[str] = set()
+        self._reset_floor()
         self._reset_speech()
 
     @property
     def in_speech(self) -> bool:
         return self._in_speech
+
+    @property
+    def noise_floor_dbfs(self) -> float:
+        """The stream's noise floor as tracked so far (-inf before the first window)."""
+        floor = min(self._floor, self._block_min)
+        return 10 * math.log10(floor) if floor < math.inf else -math.inf
+
+    def _reset_floor(self) -> None:
+        self._smooth = -1.0  # smoothed window energy (mean square); negative: none yet
+        self._block_mins[:] = [math.inf] * FLOOR_BLOCKS
+        self._block = 0
+        self._block_fill = 0
+        self._block_min = math.inf  # the current block's minimum, not yet in _block_mins
+        self._floor = math.inf  # minimum of the finished blocks
+        self._voice_end = -self._history  # end of the last window noise_voice_db above the floor
+        self._loud_noise = 0.0  # a frame at or below this mean square is the line, not a voice
+        self._faint = False  # the last window was below that, with a voice heard on the line
 
     def _reset_speech(self) -> None:
         self._in_speech = False
@@ -217,6 +274,8 @@ class VADStage(Stage):
         self._peak_sq = 0.0  # loudest frame's mean square since the last utterance ended
         self._loud_end = -1  # end sample and arrival of the last frame near that peak
         self._loud_ns = 0
+        self._near_bits = 0  # the last NOISE_WINDOWS windows, newest lowest: 1 where near the floor
+        self._floor_cap = math.inf  # the floor when this utterance started
 
     # --- frames ----------------------------------------------------------------------------
     def process(self, frame: Frame, direction: Direction) -> None:
@@ -231,6 +290,7 @@ class VADStage(Stage):
                 if self._in_speech:
                     self._stop(self._paused_at if self._paused_at is not None else self._speech_end)
                 self._reset_speech()
+                self._reset_floor()
                 self.model.reset()
                 self._fill = 0
         self.push(frame, direction)
@@ -289,7 +349,8 @@ class VADStage(Stage):
             ms = float(np.dot(x, x)) / n
             if ms == ms:  # not NaN
                 self._peak_sq = max(self._peak_sq, ms)
-                if ms >= max(LOUD_FLOOR * LOUD_FLOOR, self._peak_sq * _LOUD_RATIO_SQ):
+                if ms >= max(LOUD_FLOOR * LOUD_FLOOR, self._peak_sq * _LOUD_RATIO_SQ,
+                             self._loud_noise):
                     self._loud_end, self._loud_ns = offset + n, t_ns
         if offset != self._next:
             # A gap or overlap in the media timeline: a window must not straddle it.
@@ -309,10 +370,47 @@ class VADStage(Stage):
             if self._fill == WINDOW:
                 self._fill = 0
                 end = offset + i
-                self._on_window(self.model.prob(self._window), end - WINDOW, end, t_ns)
+                p = self.model.prob(self._window)
+                # The noise pauses speech only after the voice: never in a window that holds
+                # the end of a loud frame, so the stop silence still counts from the voice's end.
+                near = self._noise_rule and self._near_floor(self._window, end)
+                near = near and self._loud_end <= end - WINDOW
+                self._on_window(p, near, end - WINDOW, end, t_ns)
         self._next = offset + n
 
-    def _on_window(self, p: float, start: int, end: int, t_ns: int) -> None:
+    def _near_floor(self, window: np.ndarray, end: int) -> bool:
+        """Track the noise floor with this window (ending at sample ``end``); whether it is
+        within ``noise_margin_db`` of the floor, with a voice heard well above the floor in this
+        utterance or within the floor's history (a soft restart right after a stop has no voice
+        of its own, yet it is the same line's noise)."""
+        energy = float(np.dot(window, window)) / WINDOW
+        s = energy if self._smooth < 0 else self._smooth + FLOOR_SMOOTH * (energy - self._smooth)
+        self._smooth = s
+        if s < self._block_min:
+            self._block_min = s
+        self._block_fill += 1
+        if self._block_fill == self._block_windows:
+            self._block_mins[self._block] = self._block_min
+            self._block = (self._block + 1) % FLOOR_BLOCKS
+            self._block_fill = 0
+            self._block_min = math.inf
+            self._floor = min(self._block_mins)
+        # In speech the floor may fall but not rise above where it was when speech started: a
+        # long utterance's quietest stretch may still be speech.
+        floor = max(FLOOR_MIN, min(self._floor, self._block_min, self._floor_cap))
+        near = floor * self._near_ratio
+        self._loud_noise = near * _LOUD_NOISE_RATIO
+        if energy >= floor * self._voice_ratio:
+            self._voice_end = end
+        voiced = end - self._voice_end <= self._history or (
+            self._in_speech and self._voice_end > self._started_at)
+        self._faint = voiced and energy < self._loud_noise
+        return voiced and energy < near
+
+    def _on_window(self, p: float, near: bool, start: int, end: int, t_ns: int) -> None:
+        """One window's verdicts: Silero's probability ``p``, and ``near``: the window is the
+        line's noise, whatever Silero says (never true with the noise rule off). The noise
+        only ends speech; starting it is Silero's alone."""
         cfg = self.cfg
         self.windows += 1
         self.last_prob = p
@@ -320,7 +418,7 @@ class VADStage(Stage):
         if speech:
             self.speech_windows += 1
         if not self._in_speech:
-            if not speech:
+            if not speech or self._faint:  # the line's noise, which Silero may hear as speech
                 self._run = 0
                 return
             if self._run == 0:
@@ -331,16 +429,18 @@ class VADStage(Stage):
                 self._run = 0
                 self._started_at = self._run_start
                 self._speech_end, self._speech_end_ns = end, t_ns
+                self._floor_cap = min(self._floor, self._block_min)
                 self.push(SpeechStarted(self._started_at), DOWN)
             return
+        self._near_bits = (self._near_bits << 1 | near) & _NOISE_MASK
         if self._paused_at is None:
-            if p < cfg.neg_threshold:
+            if p < cfg.neg_threshold or self._near_bits.bit_count() >= NOISE_QUIET:
                 self._paused_at = start
                 self.push(SpeechPaused(start), DOWN)
                 self._maybe_stop(end)
             else:
                 self._speech_end, self._speech_end_ns = end, t_ns
-        elif speech:
+        elif speech and not near:
             self._paused_at = None
             self._speech_end, self._speech_end_ns = end, t_ns
         else:
