@@ -66,9 +66,22 @@ class ASRConfig:
 
 @dataclass(slots=True)
 class TurnConfig:
-    silence_ms: int = 300  # silence after speech that ends the caller's turn
+    # semantic: the Smart Turn model judges each pause (end at once when it is confident, wait
+    # up to max_wait_ms when it hears a caller mid-thought); vad: a fixed silence ends the turn
+    mode: str = "semantic"
+    silence_ms: int = 300  # vad mode (and semantic mode without a model): the turn's end silence
+    pause_ms: int = 200  # semantic: the VAD's stop silence; the model decides at each such pause
+    complete_threshold: float = 0.5  # semantic: P(turn complete) that ends the turn at once
+    max_wait_ms: int = 1500  # semantic: silence that ends a turn the model judged incomplete
+    rescore_ms: int = 300  # semantic: while waiting, the model looks again every this much silence
+    model: str = ""  # Smart Turn ONNX file; empty: the one the pipecat-ai wheel ships
+    threads: int = 1  # onnxruntime intra-op threads for the turn model
+    max_batch: int = 1  # pauses of different calls scored in one model call (CPU: cost is linear)
     barge_in: bool = True
     barge_in_min_speech_ms: int = 160  # caller speech over the agent needed to interrupt it
+    # a barge-in first pauses the agent; it resumes where it stopped if the caller's sound
+    # carried no words (a cough, noise), and is cut off only when words are heard
+    resume_false_interrupts: bool = True
 
 
 @dataclass(slots=True)
@@ -119,6 +132,16 @@ class AgentConfig:
     max_first_chunk_words: int = 6  # ... and ends after this many words at the latest (0: off)
     first_audio_wait_ms: int = 600  # the LLM pauses after its first chunk until that audio is out
     prefill: bool = True  # a local LLM evaluates the likely prompt while the end of speech is confirmed
+    # at a pause, prepare the reply (LLM and first TTS audio) to the speculative transcript while
+    # the turn is confirmed; it plays at once if the turn ends with that text, else is discarded
+    preempt: bool = True
+    # an idle caller (stages/idle.py): silence after the agent's turn, counted in media time
+    idle_reprompt_s: float = 0.0  # silence before the re-prompt is spoken (0: no re-prompt)
+    idle_reprompt: str = "Are you still there?"
+    # silence before the goodbye and the hang-up, counted after the re-prompt has played (or
+    # after the agent's turn when there is no re-prompt); 0: the agent never hangs up on silence
+    idle_hangup_s: float = 0.0
+    idle_goodbye: str = "I'll hang up now. Goodbye."
 
 
 @dataclass(slots=True)
@@ -130,6 +153,7 @@ class TraceConfig:
             "asr_final": 300.0,
             "llm_first_token": 250.0,
             "llm_first_chunk": 200.0,
+            "turn_model": 100.0,
             "tts_first_audio": 150.0,
             "transport_send": 40.0,
             "voice_to_voice": 800.0,
@@ -146,6 +170,29 @@ class RuntimeConfig:
     gc_freeze: bool = True  # gc.freeze() after warm-up in long-running commands
 
 
+ECHO_MODES = ("auto", "on", "off")
+
+
+@dataclass(slots=True)
+class EchoConfig:
+    """The server-side echo guard (stages/echo.py): WebRTC AEC3 on the caller's audio, with the
+    agent's played-out audio as reference, so the agent's own voice coming back does not barge in."""
+
+    # auto: on for telephone calls (SIP, Twilio: speakerphones, lines without echo cancelling),
+    # off for browser calls (the browser cancels its own echo) and recordings; on | off
+    enabled: str = "auto"
+    # the line's shortest echo delay when known (ms): the reference is read this much after
+    # its playout, AEC3 finds up to ~0.5 s more itself (0 to 1000)
+    delay_ms: int = 0
+
+    def active(self, telephony: bool) -> bool:
+        """Whether a call gets the guard: ``telephony`` for SIP and Twilio calls."""
+        if self.enabled not in ECHO_MODES:
+            raise ConfigError(f"echo.enabled: expected one of {', '.join(ECHO_MODES)}, "
+                              f"got {self.enabled!r}")
+        return self.enabled == "on" or (self.enabled == "auto" and telephony)
+
+
 @dataclass(slots=True)
 class Config:
     vad: VADConfig = field(default_factory=VADConfig)
@@ -156,6 +203,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    echo: EchoConfig = field(default_factory=EchoConfig)
 
 
 # --- mapping -----------------------------------------------------------------------------------

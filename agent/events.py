@@ -14,6 +14,8 @@ from agent.frames import (
     Interrupt,
     LLMEnd,
     LLMTextDelta,
+    PausePlayout,
+    ResumePlayout,
     SpeechStarted,
     SpeechStopped,
     TextToSpeak,
@@ -25,7 +27,7 @@ from agent.frames import (
 # consumes (``Session.listen(fn, EVENT_FRAMES)``), so caller audio need not reach it.
 EVENT_FRAMES: frozenset[type[Frame]] = frozenset({
     Transcript, UserTurnEnded, LLMTextDelta, LLMEnd, TextToSpeak, SpeechStarted, SpeechStopped,
-    Interrupt, BotStartedSpeaking, BotStoppedSpeaking, ErrorFrame,
+    Interrupt, PausePlayout, ResumePlayout, BotStartedSpeaking, BotStoppedSpeaking, ErrorFrame,
 })
 
 
@@ -39,6 +41,7 @@ def frame_event(frame: Frame, t0_ns: int = 0) -> dict[str, Any] | None:
             "final": frame.final,
             "text": frame.text,
             "stable": frame.stable,
+            "speculative": frame.speculative,
             "start_s": round(frame.start / SAMPLE_RATE, 3),
             "end_s": round(frame.end / SAMPLE_RATE, 3),
         }
@@ -56,6 +59,10 @@ def frame_event(frame: Frame, t0_ns: int = 0) -> dict[str, Any] | None:
         ev = {"type": "speech_stopped", "at_s": round(frame.at / SAMPLE_RATE, 3)}
     elif isinstance(frame, Interrupt):
         ev = {"type": "interrupt", "at_s": round(frame.at / SAMPLE_RATE, 3)}
+    elif isinstance(frame, PausePlayout):
+        ev = {"type": "agent_paused", "at_s": round(frame.at / SAMPLE_RATE, 3)}
+    elif isinstance(frame, ResumePlayout):
+        ev = {"type": "agent_resumed"}
     elif isinstance(frame, BotStartedSpeaking):
         ev = {"type": "bot_started"}
     elif isinstance(frame, BotStoppedSpeaking):

@@ -75,6 +75,14 @@ class SpeechPaused(Frame):
 
 
 @dataclass(slots=True, frozen=True)
+class SpeechResumed(Frame):
+    """VAD: speech came back at media sample ``at`` after a ``SpeechPaused`` that did not
+    become a ``SpeechStopped``: the pause was mid-utterance."""
+
+    at: int
+
+
+@dataclass(slots=True, frozen=True)
 class SpeechStopped(Frame):
     """VAD: the caller stopped speaking. ``at`` is the media sample where speech ended;
     ``speech_end_ns`` is when that audio reached us (the origin of the voice-to-voice span)."""
@@ -92,6 +100,8 @@ class Transcript(Frame):
     """A transcript of the audio between media samples ``start`` and ``end``.
 
     Partials may change, except for their first ``stable`` characters; a final never changes.
+    A ``speculative`` partial is the whole utterance up to a pause the VAD has not yet
+    confirmed: the final it becomes if the caller does not go on.
     """
 
     text: str
@@ -99,11 +109,21 @@ class Transcript(Frame):
     start: int = 0
     end: int = 0
     stable: int = 0
+    speculative: bool = False
 
 
 @dataclass(slots=True, frozen=True)
 class UserTurnEnded(Frame):
     """Turn detection: the caller finished a turn; ``text`` is what they said."""
+
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class TurnCandidate(Frame):
+    """Turn detection: the caller has paused, and if the turn ends now ``text`` is what they
+    said. Not a decision: a ``UserTurnEnded`` confirms it (with the same text) or speech
+    resumes. The LLM may prepare a reply to it, and must neither speak it nor act on it."""
 
     text: str
 
@@ -130,6 +150,7 @@ class TextToSpeak(Frame):
 
     text: str
     greeting: bool = False
+    held: int = 0  # a speculative reply's id: the TTS keeps its audio until it is resolved
 
 
 @dataclass(slots=True, frozen=True)
@@ -154,6 +175,29 @@ class Interrupt(Frame):
 
 
 @dataclass(slots=True, frozen=True)
+class SpeculationResolved(Frame):
+    """The speculative reply ``id`` (prepared for a ``TurnCandidate``) is confirmed — its held
+    text and audio go on at once — or discarded unheard."""
+
+    id: int
+    confirmed: bool
+
+
+@dataclass(slots=True, frozen=True)
+class PausePlayout(Frame):
+    """Tentative barge-in: the caller made a sound over the agent. The agent stops speaking at
+    once but keeps its place; an ``Interrupt`` follows if the sound carries words, a
+    ``ResumePlayout`` if it turns out to carry none (a cough, noise)."""
+
+    at: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class ResumePlayout(Frame):
+    """A false barge-in: the agent goes on from where its playout paused."""
+
+
+@dataclass(slots=True, frozen=True)
 class EndOfCall(Frame):
     reason: str = "hangup"
 
@@ -173,7 +217,16 @@ class Dtmf(Frame):
     duration_ms: int = 0
 
 
-CONTROL_FRAMES = (Interrupt, EndOfCall, ErrorFrame)
+@dataclass(slots=True, frozen=True)
+class HangUp(Frame):
+    """A stage ends the call: pushed downstream after the agent's last words (a goodbye's
+    ``TextToSpeak``). The session ends the call once the agent audio queued before it has
+    played out; ``reason`` is the call's end reason (``"idle"``, ``"agent"``)."""
+
+    reason: str = "agent"
+
+
+CONTROL_FRAMES = (Interrupt, PausePlayout, ResumePlayout, EndOfCall, ErrorFrame)
 """Kinds that reach every stage, whatever the stages declare they consume."""
 
 ANY_FRAME: frozenset[type[Frame]] = frozenset({Frame})

@@ -16,12 +16,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from agent.echo import EchoCanceller
 from agent.frames import (
     FRAME_SAMPLES,
     BotStartedSpeaking,
     BotStoppedSpeaking,
     Frame,
     Interrupt,
+    PausePlayout,
+    ResumePlayout,
     TTSAudio,
 )
 from agent.trace import Trace
@@ -32,6 +35,9 @@ class Playout:
 
     ``max_seconds`` bounds the queue: agent audio beyond it is dropped and counted (a TTS that
     runs far ahead of real time must not grow memory without bound).
+
+    ``echo``, a server-side echo canceller, hears every pull as the caller's line played it:
+    the frame, or as long a silence when there was none (quiet, paused or flushed).
     """
 
     def __init__(
@@ -40,8 +46,10 @@ class Playout:
         trace: Trace | None = None,
         frame_samples: int = FRAME_SAMPLES,
         max_seconds: float = 120.0,
+        echo: EchoCanceller | None = None,
     ) -> None:
         self._upstream = upstream
+        self.echo = echo
         self.trace = trace
         self.frame_samples = frame_samples
         self._chunks: deque[np.ndarray] = deque()
@@ -53,6 +61,8 @@ class Playout:
         self.dropped_samples = 0
         self.frames_out = 0
         self.interruptions = 0
+        self.pauses = 0
+        self.paused = False  # a tentative barge-in: nothing is sent, nothing is dropped
         # Called when audio arrives while nothing is queued, so a paced transport can send it
         # at once instead of at its next tick.
         self.on_ready: Callable[[], None] | None = None
@@ -71,6 +81,28 @@ class Playout:
             self.write(frame.pcm, last=frame.last)
         elif isinstance(frame, Interrupt):
             self.flush()
+        elif isinstance(frame, PausePlayout):
+            self.pause()
+        elif isinstance(frame, ResumePlayout):
+            self.resume()
+
+    def pause(self) -> None:
+        """Tentative barge-in: stop sending within one frame, but keep the queue and its place."""
+        if self.paused:
+            return
+        self.paused = True
+        self.pauses += 1
+        if self.speaking:
+            self.speaking = False
+            self._upstream(BotStoppedSpeaking(interrupted=True))
+
+    def resume(self) -> None:
+        """A false barge-in: go on from where :meth:`pause` stopped (the next pull sends)."""
+        if not self.paused:
+            return
+        self.paused = False
+        if self._queued and self.on_ready is not None:
+            self.on_ready()
 
     def write(self, pcm: np.ndarray, last: bool = False) -> None:
         self._utterance_open = not last
@@ -92,6 +124,7 @@ class Playout:
 
     def flush(self) -> None:
         """Barge-in: drop every queued sample now; the agent stops within one frame."""
+        self.paused = False
         self._chunks.clear()
         self._head = 0
         self._queued = 0
@@ -105,11 +138,15 @@ class Playout:
         """The next frame of agent audio (zero-padded at the end), or None when there is none.
 
         With ``out`` the frame is ``len(out)`` samples written into ``out`` (nothing allocated);
-        without, a new array of ``frame_samples``."""
+        without, a new array of ``frame_samples``. Nothing while paused."""
+        if self.paused:
+            self._nothing(out)
+            return None
         if self._queued == 0:
             if self.speaking and not self._utterance_open:
                 self.speaking = False
                 self._upstream(BotStoppedSpeaking())
+            self._nothing(out)
             return None
         if out is None:
             out = np.empty(self.frame_samples, dtype=np.int16)
@@ -131,7 +168,14 @@ class Playout:
             self.speaking = True
             self._upstream(BotStartedSpeaking())
         self.frames_out += 1
+        if self.echo is not None:
+            self.echo.played(out, n)
         return out
+
+    def _nothing(self, out: np.ndarray | None) -> None:
+        """No agent audio for this pull: the echo reference gets as long a silence."""
+        if self.echo is not None:
+            self.echo.played(None, self.frame_samples if out is None else len(out))
 
     def sent(self, t_ns: int | None = None) -> None:
         """The transport has put the last pulled frame on the wire."""

@@ -3,6 +3,7 @@ lazily when a command runs, so the core never imports a model runtime at start-u
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from dataclasses import dataclass
@@ -32,11 +33,14 @@ REGISTRY: dict[str, dict[str, str]] = {
 
 STAGES: dict[str, str] = {
     "vad_model": "stages.vad:SileroModel",
+    "turn_model": "stages.smart_turn:load_turn_scorer",
     "vad": "stages.vad:VADStage",
     "asr": "stages.asr.stage:StreamingASR",
     "turn": "stages.turn:TurnDetector",
+    "idle": "stages.idle:IdleMonitor",
     "llm": "stages.llm.stage:LLMStage",
     "tts": "stages.tts.stage:TTSStage",
+    "echo": "stages.echo:EchoGuard",
 }
 
 
@@ -62,11 +66,14 @@ class Models:
     asr: Any  # the ASREngine shared by every call (its .backend is the model)
     llm: Any
     tts: Any
+    turn: Any = None  # the turn model's scorer shared by every call (semantic endpointing)
 
 
 def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Models:
     """Load and warm up the configured backends (slow: seconds)."""
     vad = load(STAGES["vad_model"])(cfg.vad)  # one session; each call forks its own state
+    if cfg.turn.mode not in ("semantic", "vad"):
+        raise ConfigError(f"turn.mode: expected semantic or vad, got {cfg.turn.mode!r}")
     backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
     llm = backend_class("llm", cfg.llm.backend)(cfg.llm) if need_llm else None
     tts = backend_class("tts", cfg.tts.backend)(cfg.tts) if need_tts else None
@@ -75,25 +82,41 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
             m.warmup()  # declared by every backend protocol (ASRBackend, ChatLLM, TTS)
     # one engine per model per process: every call's ASR requests share its batches
     asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
-    return Models(vad=vad, asr=asr, llm=llm, tts=tts)
+    # last: its worker thread starts only once every other backend loaded without error
+    turn = load(STAGES["turn_model"])(cfg.turn) if cfg.turn.mode == "semantic" else None
+    return Models(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn)
 
 
-def new_session(cfg: Config, models: Models) -> Any:
+def new_session(cfg: Config, models: Models, telephony: bool = False) -> Any:
     """One call: a fresh pipeline over the shared models and its trace (the LLM stage speaks
-    the greeting)."""
+    the greeting), with its own echo guard where ``[echo]`` puts one (``telephony``: a SIP or
+    Twilio call)."""
     from agent.session import Session
     from agent.trace import Trace
 
     trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
-    return Session(build_pipeline(cfg, models), trace)
+    return Session(build_pipeline(cfg, models), trace, echo=new_echo_guard(cfg, telephony))
+
+
+def new_echo_guard(cfg: Config, telephony: bool) -> Any:
+    """The call's echo guard, or None where ``[echo]`` leaves it off for this kind of call."""
+    return load(STAGES["echo"])(cfg.echo) if cfg.echo.active(telephony) else None
 
 
 def build_pipeline(cfg: Config, models: Models) -> Pipeline:
-    """VAD → streaming ASR → turn detection → LLM → TTS, one per call."""
+    """VAD → streaming ASR → turn detection → idle monitor → LLM → TTS, one per call.
+
+    With semantic endpointing the VAD stops at the turn's short ``pause_ms``: each such pause
+    is a point where the turn model decides, and the ASR's final for it is ready sooner."""
+    vad_cfg = cfg.vad
+    scorer = models.turn
+    if cfg.turn.mode == "semantic" and scorer is not None:
+        vad_cfg = dataclasses.replace(vad_cfg, stop_ms=min(vad_cfg.stop_ms, cfg.turn.pause_ms))
     stages = [
-        load(STAGES["vad"])(cfg.vad, model=models.vad.fork()),
+        load(STAGES["vad"])(vad_cfg, model=models.vad.fork()),
         load(STAGES["asr"])(models.asr, cfg.asr),
-        load(STAGES["turn"])(cfg.turn, vad_stop_ms=cfg.vad.stop_ms),
+        load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad_cfg.stop_ms, scorer=scorer),
+        load(STAGES["idle"])(cfg.agent),  # re-prompts an idle caller, then hangs up (if configured)
         load(STAGES["llm"])(models.llm, cfg.llm, cfg.agent),
         load(STAGES["tts"])(models.tts, cfg.tts),
     ]

@@ -6,10 +6,15 @@ by one process across restarts, never share an id.
 On hang-up every stage stops, every task the session spawned is cancelled and awaited, and the
 trace is closed — ``close`` is idempotent and safe to call from any path (normal end, a client
 that vanished, an error).
+
+The agent ends a call by a stage pushing :class:`~agent.frames.HangUp`: the session records it as
+it leaves the pipeline, and :meth:`Session.wait_hangup`, which every transport's shell awaits
+beside its receive loop, returns once the agent audio queued before it has played out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -18,7 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from agent.frames import ANY_FRAME, AudioIn, Direction, EndOfCall, Frame, Interrupt, TTSAudio
+from agent.echo import EchoCanceller
+from agent.frames import (
+    ANY_FRAME,
+    AudioIn,
+    Direction,
+    EndOfCall,
+    Frame,
+    HangUp,
+    Interrupt,
+    PausePlayout,
+    ResumePlayout,
+    TTSAudio,
+)
 from agent.pipeline import Pipeline
 from agent.playout import Playout
 from agent.stage import StageContext
@@ -26,7 +43,12 @@ from agent.trace import Trace
 
 log = logging.getLogger("voxline.session")
 
-PLAYOUT_CONSUMES: frozenset[type[Frame]] = frozenset({TTSAudio, Interrupt})  # Playout.on_frame
+# what Playout.on_frame reads
+PLAYOUT_CONSUMES: frozenset[type[Frame]] = frozenset({TTSAudio, Interrupt, PausePlayout, ResumePlayout})
+# how often a requested hang-up checks that the agent's audio has played out (one packet time),
+# and the most it waits for that (a stage stuck busy must not keep the call up for good)
+HANGUP_POLL_S = 0.02
+HANGUP_DRAIN_MAX_S = 30.0
 
 
 def new_session_id() -> str:
@@ -40,19 +62,24 @@ class Session:
         pipeline: Pipeline,
         trace: Trace | None = None,
         session_id: str | None = None,
+        echo: EchoCanceller | None = None,
     ) -> None:
         self.id = session_id or new_session_id()
         self.pipeline = pipeline
         self.trace = trace if trace is not None else Trace(session_id=self.id)
         self.trace.session_id = self.trace.session_id or self.id
         self.ctx = StageContext(self.trace, self.id)
-        self.playout = Playout(self.pipeline.inject_upstream, self.trace)
+        # a server-side echo canceller hears the playout and cleans the caller's audio
+        self.echo = echo
+        self.playout = Playout(self.pipeline.inject_upstream, self.trace, echo=echo)
         self.offset = 0  # media samples received so far
         self.started_ns = 0
         self.closed = False
         self.summary: dict[str, Any] = {}
+        self.hangup_reason = ""  # set when a stage's HangUp left the pipeline
+        self._hangup_asked = asyncio.Event()
         self._listeners: list[Callable[[Frame], None]] = []
-        self._output_kinds: frozenset[type[Frame]] = PLAYOUT_CONSUMES
+        self._output_kinds: frozenset[type[Frame]] = PLAYOUT_CONSUMES | {HangUp}
         pipeline.set_output(self._on_output, self._output_kinds)
         pipeline.set_upstream(self._on_upstream)
 
@@ -71,6 +98,8 @@ class Session:
             self.pipeline.set_output(self._on_output, kinds)
 
     def _on_output(self, frame: Frame) -> None:
+        if isinstance(frame, HangUp):
+            self._on_hangup(frame)
         self.playout.on_frame(frame)
         for fn in self._listeners:
             fn(frame)
@@ -78,6 +107,34 @@ class Session:
     def _on_upstream(self, frame: Frame) -> None:
         for fn in self._listeners:
             fn(frame)
+
+    # --- the agent hanging up -----------------------------------------------------------------
+    def _on_hangup(self, frame: HangUp) -> None:
+        if self.hangup_reason or self.closed:
+            return  # the first request stands
+        self.hangup_reason = frame.reason or "agent"
+        self.trace.call_event("hangup", frame.t_ns, reason=self.hangup_reason)
+        self._hangup_asked.set()
+
+    @property
+    def hangup_due(self) -> bool:
+        """A stage asked to end the call and the agent audio queued before it has played out:
+        no stage has work in flight (the TTS may still be speaking the goodbye that the
+        ``HangUp`` overtook in its queue) and the playout is idle."""
+        if not self.hangup_reason or not self.playout.idle:
+            return False
+        return not any(s.busy for s in self.pipeline.all_stages)
+
+    async def wait_hangup(self) -> str:
+        """Wait until the agent ends the call (:attr:`hangup_due`, or ``HANGUP_DRAIN_MAX_S``
+        after the request at the latest) and return the reason. Never returns for a call the
+        agent does not end: a shell runs it beside its receive loop and cancels it."""
+        await self._hangup_asked.wait()
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + HANGUP_DRAIN_MAX_S
+        while not self.hangup_due and loop.time() < give_up:
+            await asyncio.sleep(HANGUP_POLL_S)
+        return self.hangup_reason
 
     # --- life --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -88,6 +145,8 @@ class Session:
         """Caller audio (int16 mono 16 kHz) into the pipeline, stamped with its arrival time."""
         if self.closed:
             return
+        if self.echo is not None:
+            pcm = self.echo.process(pcm)  # as many samples, the agent's echo taken out
         frame = AudioIn(pcm, offset=self.offset, t_ns=t_ns or time.monotonic_ns())
         self.offset += len(pcm)
         self.pipeline.push(frame, Direction.DOWNSTREAM)
@@ -115,7 +174,7 @@ class Session:
             await self.pipeline.stop()
         finally:
             await self.ctx.cancel_all()
-            self.summary = self.trace.close()
+            self.summary = self.trace.close(reason)
         return self.summary
 
     async def __aenter__(self) -> Session:
@@ -123,4 +182,4 @@ class Session:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close("error" if exc[0] else "hangup")
+        await self.close("error" if exc[0] else (self.hangup_reason or "hangup"))

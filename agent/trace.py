@@ -19,7 +19,8 @@ from typing import IO, Any
 
 # span name -> (start event, end event)
 SPANS: dict[str, tuple[str, str]] = {
-    "vad_eos": ("speech_end", "vad_decision"),
+    "vad_eos": ("speech_end", "vad_decision"),  # the end-of-turn decision (silence or model)
+    "turn_model": ("turn_model_request", "turn_model_result"),
     "asr_final": ("vad_decision", "asr_final"),
     "llm_first_token": ("llm_request", "llm_first_token"),
     "llm_first_chunk": ("llm_first_token", "tts_request"),
@@ -32,7 +33,7 @@ GREETING_SPANS: dict[str, tuple[str, str]] = {
     "transport_send": ("tts_first_audio", "audio_out"),
     "greeting": ("call_start", "audio_out"),
 }
-SPAN_ORDER = ["vad_eos", "asr_final", "llm_first_token", "llm_first_chunk", "tts_first_audio",
+SPAN_ORDER = ["vad_eos", "turn_model", "asr_final", "llm_first_token", "llm_first_chunk", "tts_first_audio",
               "transport_send", "voice_to_voice", "greeting", "partial_lag"]
 
 
@@ -43,6 +44,7 @@ class Turn:
     events: dict[str, int] = field(default_factory=dict)  # event name -> monotonic ns
     text: str = ""
     reply: str = ""
+    info: dict[str, Any] = field(default_factory=dict)  # facts about the turn (model verdicts)
 
     @property
     def origin(self) -> int:
@@ -74,6 +76,7 @@ class Trace:
         self.complete_turns = 0
         self.violations: dict[str, int] = {}
         self.partial_lags_ms: deque[float] = deque(maxlen=4096)  # the latest, for the summary
+        self.call_events: deque[dict[str, Any]] = deque(maxlen=32)  # see call_event
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     # --- recording ---------------------------------------------------------------------------
@@ -110,6 +113,21 @@ class Trace:
                 turn.text = text
             if reply is not None:
                 turn.reply = reply
+
+    def info(self, **facts: Any) -> None:
+        """Facts about the open turn, written with it (``p_complete``, ``preempted``)."""
+        turn = self._turn
+        if turn is not None:
+            turn.info.update(facts)
+
+    def call_event(self, name: str, t_ns: int | None = None, **fields: Any) -> None:
+        """A moment of the call outside its turns (an idle re-prompt, the agent hanging up):
+        written at once as a line of type ``event`` and listed in the session summary. Turn
+        listeners never see it (they draw turns)."""
+        record = {"type": "event", "session": self.session_id, "event": name,
+                  "t_ns": t_ns if t_ns is not None else time.monotonic_ns(), **fields}
+        self.call_events.append(record)
+        self._write(record)
 
     def abandon(self) -> None:
         """Close the open turn without agent audio (interrupted, or nothing to say)."""
@@ -159,6 +177,8 @@ class Trace:
             "text": turn.text,
             "reply": turn.reply,
         }
+        if turn.info:
+            record["info"] = dict(turn.info)
         self.turns.append(record)
         self.complete_turns += complete and turn.kind == "turn"
         self._write(record)
@@ -170,16 +190,23 @@ class Trace:
             self._out.write(json.dumps(record, separators=(",", ":")) + "\n")
             self._out.flush()
 
-    def close(self) -> dict[str, Any]:
-        """Close the open turn and write the session summary line."""
+    def close(self, reason: str = "") -> dict[str, Any]:
+        """Close the open turn and write the session summary line; ``reason`` is why the call
+        ended (``hangup``, ``idle``, ...)."""
         self.abandon()
         summary = {
             "type": "session",
             "session": self.session_id,
+            "reason": reason,
             "turns": self.complete_turns,
             "violations": dict(self.violations),
             "partial_lag_ms": [round(x, 2) for x in self.partial_lags_ms],
         }
+        if self.call_events:
+            summary["events"] = [
+                {k: v for k, v in e.items() if k not in ("type", "session")}
+                for e in self.call_events
+            ]
         self._write(summary)
         if self._own_file and self._out is not None:
             self._out.close()

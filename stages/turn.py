@@ -1,13 +1,21 @@
-"""Turn detection: decides when the caller has finished a turn (VAD silence plus a final
-transcript) and when the caller is barging in on the agent (an Interrupt sent downstream)."""
+"""Turn detection: decides when the caller has finished a turn (a final transcript, and either
+the turn model's verdict at a pause or a fixed silence) and when the caller is barging in on the
+agent (the agent pauses, and an Interrupt follows once the caller's sound carries words)."""
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
+
+import numpy as np
 
 from agent.config import TurnConfig, VADConfig
+from agent.errors import ConfigError
 from agent.frames import (
     SAMPLE_RATE,
     AudioIn,
@@ -17,13 +25,19 @@ from agent.frames import (
     EndOfCall,
     Frame,
     Interrupt,
+    PausePlayout,
+    ResumePlayout,
     SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     Transcript,
+    TurnCandidate,
     UserTurnEnded,
 )
 from agent.stage import DOWN, Stage
+
+log = logging.getLogger("voxline.turn")
 
 # How far a final's ``end`` may fall short of the VAD's end of speech and still count as covering
 # it: the ASR cuts audio on 20 ms frames, the VAD decides on 32 ms windows.
@@ -33,6 +47,33 @@ COVER_SLACK = 512
 # audio, so speech is only counted up to one window before the latest AudioIn: otherwise the
 # silence after a short blip would count as speech before the VAD's SpeechPaused arrives.
 VAD_VERDICT_LAG = 512
+
+TURN_MODES = ("semantic", "vad")
+MODEL_SECONDS = 8  # the turn model hears at most the last 8 s of the caller's audio
+
+# What a transcript of a non-verbal sound looks like: nothing, punctuation, an annotation in
+# brackets ("[coughs]", "(noise)", "*sigh*") that an ASR writes for what is not speech, or only
+# fillers and acknowledgements ("hmm", "uh", "mm-hmm"): a caller who says "mm-hmm" over the
+# agent is listening, not taking the turn.
+_ANNOTATION = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")
+_TOKEN = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
+FILLERS = frozenset({
+    "hm", "hmm", "hmmm", "mm", "mmm", "mhm", "mm-hmm", "mm-hm", "uh-huh", "uh", "uhh", "um",
+    "umm", "er", "erm", "ah", "ahh",
+})
+
+
+def has_words(text: str) -> bool:
+    """Whether a transcript holds a spoken word: more than punctuation, sound annotations and
+    fillers."""
+    return any(t not in FILLERS for t in _TOKEN.findall(_ANNOTATION.sub("", text).lower()))
+
+
+class TurnScorer(Protocol):
+    """The turn model, shared by every call: P(the turn is complete) for the caller's latest
+    audio (int16, 16 kHz, at most the last 8 s), computed off the event loop."""
+
+    async def predict(self, pcm: np.ndarray) -> float: ...
 
 
 class Role(Enum):
@@ -63,46 +104,79 @@ class Segment:
     covered: bool = False  # its final transcript has arrived
 
 
-class TurnDetector(Stage):
-    """VAD-based endpointing with a configurable silence, and barge-in.
+@dataclass(slots=True)
+class Tentative:
+    """A barge-in not yet confirmed: the agent paused for ``segment``; words confirm it."""
 
-    A turn is one or more speech segments (SpeechStarted … SpeechStopped). It ends when its last
-    segment has a final transcript and ``silence_ms`` of caller audio has passed since that
+    segment: Segment
+    at: int
+
+
+class TurnDetector(Stage):
+    """Endpointing — semantic or by a fixed silence — and barge-in.
+
+    A turn is one or more speech segments (SpeechStarted … SpeechStopped). It ends once its
+    last segment has a final transcript and the caller has been silent long enough since that
     segment's end, counted in media samples of the ``AudioIn`` frames that keep arriving (if no
-    audio reaches this stage, the VAD's own stop silence is all it can count). Speech that
-    resumes earlier joins the same turn, whose text is its finals joined in order. A final
-    belongs to the latest segment that started before the final's ``end`` (any segment, when
-    the ASR leaves ``end`` at 0). A turn whose text is empty ends silently.
+    audio reaches this stage, the VAD's own stop silence is all it can count). How long is long
+    enough depends on the mode:
+
+    * ``semantic`` (with a turn model): at each stop of the VAD (its stop silence is the short
+      ``pause_ms``) the model scores the last 8 s of the caller's audio. At or above
+      ``complete_threshold`` the turn ends at once; below, it waits — the model looks again
+      every ``rescore_ms`` of silence — and ends after ``max_wait_ms`` of silence at the latest.
+    * ``vad`` (or no model): ``silence_ms`` of silence ends the turn.
+
+    Speech that resumes earlier joins the same turn, whose text is its finals joined in order.
+    A final belongs to the latest segment that started before the final's ``end`` (any
+    segment, when the ASR leaves ``end`` at 0). A turn whose text is empty ends silently.
+    While the caller is silent and the turn's text is known but the turn is not yet over, a
+    ``TurnCandidate`` carries that text (once per distinct text), so the LLM can prepare the
+    reply; ``UserTurnEnded`` is the decision.
 
     While the agent speaks (``BotStartedSpeaking`` … ``BotStoppedSpeaking``, which arrive
-    upstream from the output transport), caller speech lasting ``barge_in_min_speech_ms`` sends
-    an ``Interrupt`` downstream at once and becomes the next turn. Shorter speech over the
-    agent (a cough, "mm-hm") is a backchannel: it neither interrupts nor becomes a turn. Speech
-    is counted from ``SpeechStarted.at`` in media time of the AudioIn frames, up to one VAD
-    window behind the newest one, and stops counting at ``SpeechPaused``. The frames have no
-    "speech resumed" event, so a pause that has outlasted ``vad_stop_ms`` without a
-    ``SpeechStopped`` is taken as resumed speech and counting starts again from there.
+    upstream from the output transport), caller speech lasting ``barge_in_min_speech_ms`` is a
+    barge-in and becomes the next turn. With ``resume_false_interrupts`` the agent first only
+    pauses (``PausePlayout``); the first transcript of that speech with a word in it sends the
+    ``Interrupt`` that cuts the reply off, and a final with none (a cough, noise) sends
+    ``ResumePlayout``: the agent goes on where it stopped. Without it, the ``Interrupt`` goes at
+    once. Shorter speech over the agent (a cough, "mm-hm") is a backchannel: it neither
+    interrupts nor becomes a turn. Speech is counted from ``SpeechStarted.at`` in media time of
+    the AudioIn frames, up to one VAD window behind the newest one, and stops counting at
+    ``SpeechPaused``; ``SpeechResumed`` (or a pause that has outlasted ``vad_stop_ms`` without a
+    ``SpeechStopped``) starts it again.
     """
 
     name = "turn"
-    # AudioIn is its clock (silence and barge-in are counted in media samples); the Bot* frames
-    # arrive upstream. Nothing after this stage reads caller audio, so it stops here.
+    # AudioIn is its clock (silence and barge-in are counted in media samples) and the turn
+    # model's input; the Bot* frames arrive upstream. Nothing after this stage reads caller
+    # audio, so it stops here.
     consumes = frozenset({
-        AudioIn, Transcript, SpeechStarted, SpeechPaused, SpeechStopped,
+        AudioIn, Transcript, SpeechStarted, SpeechPaused, SpeechResumed, SpeechStopped,
         BotStartedSpeaking, BotStoppedSpeaking,
     })
 
-    def __init__(self, cfg: TurnConfig, vad_stop_ms: int | None = None) -> None:
+    def __init__(
+        self, cfg: TurnConfig, vad_stop_ms: int | None = None, scorer: TurnScorer | None = None
+    ) -> None:
         super().__init__()
+        if cfg.mode not in TURN_MODES:
+            raise ConfigError(f"turn.mode: expected one of {', '.join(TURN_MODES)}, got {cfg.mode!r}")
         self.cfg = cfg
         stop_ms = VADConfig().stop_ms if vad_stop_ms is None else vad_stop_ms
         self._vad_stop = stop_ms * SAMPLE_RATE // 1000
         self._silence = max(0, cfg.silence_ms) * SAMPLE_RATE // 1000
+        self._max_wait = max(0, cfg.max_wait_ms) * SAMPLE_RATE // 1000
+        self._rescore = max(0, cfg.rescore_ms) * SAMPLE_RATE // 1000
         self._barge_min = max(0, cfg.barge_in_min_speech_ms) * SAMPLE_RATE // 1000
+        self.scorer = scorer if cfg.mode == "semantic" else None
         self.turns = 0
         self.interrupts = 0
+        self.false_interrupts = 0  # barge-ins whose sound carried no words: the agent resumed
         self.backchannels = 0
         self.late_finals = 0  # finals that arrived after their segment's turn had ended
+        self.model_calls = 0
+        self.model_failures = 0
         self.bot_speaking = False
         # A few recent segments are enough to place a late final; older ones fall off.
         self._segments: deque[Segment] = deque(maxlen=8)
@@ -111,7 +185,21 @@ class TurnDetector(Stage):
         self._heard = 0  # media sample where the latest AudioIn ended
         self._audio_seen = False
         self._ending = False  # a segment of the turn has stopped: AudioIn may end the turn
+        self._paused = False  # the VAD paused inside the open segment
         self._overlap: Overlap | None = None
+        self._tentative: Tentative | None = None
+        self._candidate = ""  # the text of the latest TurnCandidate of the open turn
+        # The turn model: its input ring (the latest 8 s of caller audio) and its verdict on
+        # the current silence (None: not asked yet, or speech came back since).
+        self._ring = np.zeros(MODEL_SECONDS * SAMPLE_RATE if self.scorer else 0, dtype=np.int16)
+        self._ring_at = 0  # where the next sample goes
+        self._verdict: float | None = None
+        self._asked_at = -1  # media sample the model's pending or latest verdict heard up to
+        self._asking = False
+        self._generation = 0  # bumped when speech resumes: a verdict for older audio is stale
+        self._model_ns = (0, 0)  # when the latest verdict was asked for and came back
+        self._clock_ns = 0  # arrival time of the latest frame (or verdict) that moved a decision
+        self._decided_ns = 0  # when the silence or the model ended the turn (its text may lag)
 
     # --- frames ----------------------------------------------------------------------------
     def process(self, frame: Frame, direction: Direction) -> None:
@@ -120,19 +208,24 @@ class TurnDetector(Stage):
             if direction is DOWN:
                 self._heard = frame.end
                 self._audio_seen = True
+                self._clock_ns = frame.t_ns
+                if len(self._ring):
+                    self._record(frame.pcm)
                 if self._overlap is not None:
                     self._check_barge_in()
                 if self._ending:
                     self._check_turn_end()
         elif isinstance(frame, Transcript):
-            if frame.final and direction is DOWN:
-                self._on_final(frame)
+            if direction is DOWN:
+                self._on_transcript(frame)
         elif isinstance(frame, SpeechStarted):
             self._on_speech_started(frame)
         elif isinstance(frame, SpeechStopped):
             self._on_speech_stopped(frame)
         elif isinstance(frame, SpeechPaused):
             self._on_speech_paused(frame)
+        elif isinstance(frame, SpeechResumed):
+            self._on_speech_resumed(frame)
         elif isinstance(frame, BotStartedSpeaking):
             self._on_bot_started()
         elif isinstance(frame, BotStoppedSpeaking):
@@ -141,7 +234,32 @@ class TurnDetector(Stage):
             self._segments.clear()
             self._parts.clear()
             self._overlap = None
+            self._tentative = None
             self._ending = False
+            self._generation += 1
+
+    def _record(self, pcm: np.ndarray) -> None:
+        """Keep the latest 8 s of caller audio in a ring (written in place: no allocation)."""
+        if pcm.dtype != np.int16 or pcm.ndim != 1:
+            return  # the VAD has already reported it
+        ring = self._ring
+        cap = len(ring)
+        if len(pcm) >= cap:
+            ring[:] = pcm[-cap:]
+            self._ring_at = 0
+            return
+        at = self._ring_at
+        first = min(len(pcm), cap - at)
+        ring[at:at + first] = pcm[:first]
+        ring[:len(pcm) - first] = pcm[first:]
+        self._ring_at = (at + len(pcm)) % cap
+
+    def _latest(self) -> np.ndarray:
+        """The ring's audio, oldest first, up to the newest sample heard (a copy)."""
+        ring, at = self._ring, self._ring_at
+        filled = min(self._heard, len(ring))
+        audio = np.concatenate((ring[at:], ring[:at]))
+        return audio[len(audio) - filled:]
 
     @property
     def _open(self) -> Segment | None:
@@ -151,6 +269,7 @@ class TurnDetector(Stage):
     def _on_speech_started(self, frame: SpeechStarted) -> None:
         if self._open is not None:
             return  # a repeated start; the segment is already open
+        self._speech_came_back()
         over = self.bot_speaking and self.cfg.barge_in
         self._segments.append(Segment(frame.at, Role.OVER if over else Role.TURN))
         if over:
@@ -158,6 +277,8 @@ class TurnDetector(Stage):
             self._check_barge_in()
 
     def _on_speech_paused(self, frame: SpeechPaused) -> None:
+        if self._open is not None:
+            self._paused = True
         ov = self._overlap
         if ov is None or ov.paused_at is not None or self._open is None:
             return
@@ -165,11 +286,28 @@ class TurnDetector(Stage):
         ov.paused_at = frame.at
         self._check_barge_in()
 
+    def _on_speech_resumed(self, frame: SpeechResumed) -> None:
+        self._speech_came_back()
+        ov = self._overlap
+        if ov is not None and ov.paused_at is not None:
+            ov.since, ov.paused_at = frame.at, None
+
+    def _speech_came_back(self) -> None:
+        """The caller goes on: whatever was judged or prepared for the silence is stale."""
+        self._paused = False
+        self._candidate = ""
+        self._verdict = None
+        self._asked_at = -1
+        self._decided_ns = 0
+        self._generation += 1
+
     def _on_speech_stopped(self, frame: SpeechStopped) -> None:
         seg = self._open
         if seg is None:
             return
         seg.stop = frame
+        self._clock_ns = frame.t_ns
+        self._paused = False
         self._overlap = None
         if seg.role is Role.OVER:
             seg.role = Role.BACKCHANNEL
@@ -181,7 +319,7 @@ class TurnDetector(Stage):
 
     def _on_bot_started(self) -> None:
         self.bot_speaking = True
-        if self.cfg.barge_in and self._open is not None:
+        if self.cfg.barge_in and self._open is not None and self._tentative is None:
             # The caller was already talking: only what they say over the agent counts.
             self._overlap = Overlap(self._heard, self._heard)
 
@@ -191,6 +329,21 @@ class TurnDetector(Stage):
         seg = self._open
         if seg is not None and seg.role is Role.OVER:
             seg.role = Role.TURN  # the caller keeps talking after the agent finished
+
+    def _on_transcript(self, frame: Transcript) -> None:
+        tent = self._tentative
+        if tent is not None and self._segment_of(frame.end) is tent.segment:
+            if has_words(frame.text):
+                self._confirm_barge_in(tent)
+            elif frame.final:
+                self._resume(tent)
+                return
+        if frame.final:
+            self._on_final(frame)
+        elif frame.speculative:
+            seg = self._open
+            if seg is not None and seg.role is Role.TURN and self._paused:
+                self._offer(" ".join([*self._parts, frame.text.strip()]).strip())
 
     def _on_final(self, frame: Transcript) -> None:
         seg = self._segment_of(frame.end)
@@ -216,7 +369,13 @@ class TurnDetector(Stage):
                 return seg
         return None
 
-    # --- decisions ---------------------------------------------------------------------------
+    def _offer(self, text: str) -> None:
+        """A TurnCandidate for ``text``, unless it is empty or already on offer."""
+        if text and text != self._candidate:
+            self._candidate = text
+            self.push(TurnCandidate(text), DOWN)
+
+    # --- barge-in ----------------------------------------------------------------------------
     def _check_barge_in(self) -> None:
         ov = self._overlap
         if ov is None:
@@ -234,35 +393,129 @@ class TurnDetector(Stage):
         seg = self._open
         if seg is not None:
             seg.role = Role.TURN
-        self.bot_speaking = False  # the Interrupt silences it; a new reply sends BotStarted again
+        self.bot_speaking = False  # paused or cut off; speaking again sends BotStarted again
+        if self.cfg.resume_false_interrupts and seg is not None:
+            self._tentative = Tentative(seg, ov.start)
+            self.push(PausePlayout(ov.start), DOWN)
+            return
+        self._interrupt(ov.start)
+
+    def _confirm_barge_in(self, tent: Tentative) -> None:
+        self._tentative = None
+        self._interrupt(tent.at)
+
+    def _interrupt(self, at: int) -> None:
         self.interrupts += 1
         trace = self.ctx.trace
         if trace is not None:
             trace.abandon()
-        self.push(Interrupt(ov.start), DOWN)
+        self.push(Interrupt(at), DOWN)
 
+    def _resume(self, tent: Tentative) -> None:
+        """The barge-in carried no words: the agent goes on, and the sound is no turn."""
+        self._tentative = None
+        self.false_interrupts += 1
+        seg = tent.segment
+        if seg.role is Role.TURN:
+            seg.role = Role.BACKCHANNEL
+        self.push(ResumePlayout(), DOWN)
+
+    # --- end of turn ---------------------------------------------------------------------------
     def _check_turn_end(self) -> None:
         if self._open is not None:
             return
         last = next((s for s in reversed(self._segments) if s.role is Role.TURN), None)
-        if last is None or not last.covered or last.stop is None:
+        if last is None or last.stop is None:
             return
         stop = last.stop
-        if self._audio_seen and self._heard - stop.at < self._silence:
+        silence = self._heard - stop.at if self._audio_seen else None
+        if self.scorer is not None and not self._decided(silence):
+            if last.covered:
+                self._offer(" ".join(self._parts))
             return
+        if self.scorer is None and silence is not None and silence < self._silence:
+            if last.covered:
+                self._offer(" ".join(self._parts))
+            return
+        if not self._decided_ns:
+            self._decided_ns = self._clock_ns or time.monotonic_ns()
+        if not last.covered:
+            return
+        self._end_turn(stop)
+
+    def _decided(self, silence: int | None) -> bool:
+        """Semantic mode: whether the silence so far ends the turn, asking the model when due."""
+        if silence is None or silence >= self._max_wait:
+            return True
+        verdict = self._verdict
+        if verdict is not None and verdict >= self.cfg.complete_threshold:
+            return True
+        if self.model_failures and verdict is None:
+            return silence >= self._silence  # no model for this pause: the fixed silence
+        due = self._asked_at < 0 or (
+            self._rescore > 0 and verdict is not None and self._heard - self._asked_at >= self._rescore
+        )
+        if due and not self._asking:
+            self._ask()
+        return False
+
+    def _ask(self) -> None:
+        assert self.scorer is not None
+        self._asking = True
+        self._asked_at = self._heard
+        self.model_calls += 1
+        self.ctx.spawn(self._score(self._latest(), self._generation), name="turn-model")
+
+    async def _score(self, audio: np.ndarray, generation: int) -> None:
+        assert self.scorer is not None
+        asked_ns = time.monotonic_ns()
+        try:
+            p = await self.scorer.predict(audio)
+        except Exception as exc:
+            self._asking = False
+            self.model_failures += 1
+            if self.model_failures == 1:
+                log.exception("turn model failed; ending turns on a fixed silence instead")
+                self.push_error(f"turn model failed ({exc}); ending turns on a fixed silence")
+            if generation == self._generation:
+                self._check_turn_end()
+            return
+        self._asking = False
+        if generation != self._generation:
+            return  # the caller went on meanwhile
+        self._verdict = float(p)
+        self._model_ns = (asked_ns, time.monotonic_ns())
+        self._clock_ns = self._model_ns[1]
+        if self._ending:
+            self._check_turn_end()
+
+    def _end_turn(self, stop: SpeechStopped) -> None:
         self._ending = False
         for seg in self._segments:
             if seg.role is Role.TURN:
                 seg.role = Role.DONE
         text = " ".join(self._parts)
         self._parts.clear()
+        verdict, (asked_ns, scored_ns) = self._verdict, self._model_ns
+        decided_ns = self._decided_ns
+        self._candidate = ""
+        self._verdict = None
+        self._asked_at = -1
+        self._decided_ns = 0
+        self._model_ns = (0, 0)
+        self._generation += 1
         if not text:
             return
         self.turns += 1
         trace = self.ctx.trace
         if trace is not None:
             trace.begin_turn(
-                speech_end=stop.speech_end_ns, vad_decision=stop.t_ns, asr_final=self._last_final_ns
+                # the ASR's wait is what the final added after the decision (none if it was in)
+                speech_end=stop.speech_end_ns, vad_decision=decided_ns,
+                asr_final=max(self._last_final_ns, decided_ns), turn_model_request=asked_ns,
+                turn_model_result=scored_ns,
             )
             trace.note(text=text)
+            if verdict is not None:
+                trace.info(p_complete=round(verdict, 3))
         self.push(UserTurnEnded(text), DOWN)

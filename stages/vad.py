@@ -21,6 +21,7 @@ from agent.frames import (
     EndOfCall,
     Frame,
     SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
 )
@@ -198,7 +199,8 @@ class VADStage(Stage):
     the first of them). In speech, the first window below ``neg_threshold`` sends
     ``SpeechPaused``; if no window reaches ``threshold`` again within ``stop_ms`` of where the
     voice stopped (the last frame within 35 dB of the utterance's loudest, at most 3 windows
-    before the pause), ``SpeechStopped`` follows with ``at`` where the speech ended. A window
+    before the pause), ``SpeechStopped`` follows with ``at`` where the speech ended; if one
+    does, ``SpeechResumed`` says the pause was mid-utterance. A window
     costs about 0.2 ms, so the model runs inline. ``model``, if given, is this stream's model
     (e.g. ``shared.fork()``); it is reset. ``SpeechStarted.at`` is where the VAD heard speech
     begin; keeping ``pad_ms`` of audio before it is the consumer's business (the ASR).
@@ -443,6 +445,7 @@ class VADStage(Stage):
         elif speech and not near:
             self._paused_at = None
             self._speech_end, self._speech_end_ns = end, t_ns
+            self.push(SpeechResumed(start), DOWN)  # the pause was mid-utterance
         else:
             self._maybe_stop(end)
 

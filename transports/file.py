@@ -4,7 +4,8 @@ records the call in stereo (left: caller, right: agent, time-aligned on the medi
 Agent audio is pulled from the session's playout one frame per input frame, exactly as a sound
 card would play it, so barge-in and latency show in the recording as a caller would hear them.
 ``fast`` skips only the quiet stretches (nobody speaking and nothing pending); speech and every
-turn still run in real time, so the latencies measured in fast mode stay honest.
+turn still run in real time, so the latencies measured in fast mode stay honest. The call stops
+early when the agent hangs up (``Session.hangup_due``, checked on the media clock).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.frames import FRAME_SAMPLES, SAMPLE_RATE, Frame, Interrupt
+from agent.frames import FRAME_SAMPLES, SAMPLE_RATE, Frame, Interrupt, PausePlayout, ResumePlayout
 from agent.session import Session
 
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -26,7 +27,10 @@ class CallRecording:
     caller: np.ndarray
     agent: np.ndarray
     interrupts_at: list[int] = field(default_factory=list)  # media samples
+    pauses_at: list[int] = field(default_factory=list)  # tentative barge-ins (PausePlayout)
+    resumes_at: list[int] = field(default_factory=list)  # ... that turned out false
     fast_forwarded_s: float = 0.0
+    hung_up: str = ""  # the agent's reason when it ended the call ("idle", "agent")
 
     def stereo(self) -> np.ndarray:
         return np.stack([self.caller, self.agent], axis=1)
@@ -51,17 +55,28 @@ class FileCall:
         interrupts: list[int] = []
         silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
 
+        pauses: list[int] = []
+        resumes: list[int] = []
+
         def watch(frame: Frame) -> None:
             if isinstance(frame, Interrupt):
                 interrupts.append(session.offset)
+            elif isinstance(frame, PausePlayout):
+                pauses.append(session.offset)
+            elif isinstance(frame, ResumePlayout):
+                resumes.append(session.offset)
 
-        session.listen(watch, frozenset({Interrupt}))
+        session.listen(watch, frozenset({Interrupt, PausePlayout, ResumePlayout}))
         loop = asyncio.get_running_loop()
         t_next = loop.time()
         busy_until = 0  # frame index until which the call is paced even when quiet
         skipped = 0
         k = 0
+        hung_up = ""
         while True:
+            if session.hangup_due:  # the agent's last words have played out
+                hung_up = session.hangup_reason
+                break
             if k < n_in:
                 chunk = self.pcm[k * FRAME_SAMPLES : (k + 1) * FRAME_SAMPLES]
                 if len(chunk) < FRAME_SAMPLES:
@@ -97,5 +112,8 @@ class FileCall:
             caller=np.concatenate(caller) if caller else np.zeros(0, np.int16),
             agent=np.concatenate(agent) if agent else np.zeros(0, np.int16),
             interrupts_at=interrupts,
+            pauses_at=pauses,
+            resumes_at=resumes,
             fast_forwarded_s=skipped * FRAME_S,
+            hung_up=hung_up,
         )

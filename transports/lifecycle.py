@@ -39,6 +39,13 @@ class CallLifecycle:
             raise
         self.started = True
 
+    async def agent_hangup(self) -> str:
+        """Wait until the agent ends the call (:meth:`Session.wait_hangup`: its last words have
+        played out) and make the agent's reason the call's. A shell awaits it beside its
+        receive loop, then ends the call on its wire and closes."""
+        self.reason = await self.session.wait_hangup()
+        return self.reason
+
     async def close(self, reason: str | None = None) -> dict[str, Any]:
         """Close the session and return its summary (idempotent: the first reason stays)."""
         if reason is not None and not self.session.closed:

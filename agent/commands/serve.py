@@ -62,8 +62,9 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     from agent.session import Session
     from transports.server import VoiceServer
 
-    def new_session() -> Session:
-        return presets.new_session(cfg, models)  # (models are loaded before the server listens)
+    def new_session(telephony: bool = False) -> Session:
+        # (models are loaded before the server listens); [echo] auto guards Twilio calls only
+        return presets.new_session(cfg, models, telephony)
 
     # the server and its routes first: a refused configuration fails before the models load
     server = VoiceServer(new_session, host=args.host, port=args.port, token=args.token,
@@ -73,7 +74,7 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     if args.twilio:
         from transports.twilio.mount import add_twilio_routes
 
-        add_twilio_routes(server.app, lambda start: new_session(), server.admission)
+        add_twilio_routes(server.app, lambda start: new_session(True), server.admission)
     t_load = time.monotonic()
     models = load_models(cfg)
     freeze_after_warmup(cfg.runtime)

@@ -107,7 +107,7 @@ def session_factory(cfg: Config, models: Any, printer: CallPrinter | None = None
     from agent.session import Session
 
     def make(*_: Any) -> Session:
-        session = new_session(cfg, models)
+        session = new_session(cfg, models, telephony=True)  # [echo] auto: guarded
         trace = session.trace
         if printer is not None:
             def on_frame(frame: Any) -> None:

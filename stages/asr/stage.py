@@ -25,7 +25,7 @@ from agent.stage import DOWN, Direction, Stage, StageContext
 from stages.asr.backend import ASRBackend, Hypothesis
 from stages.asr.engine import ASREngine
 from stages.asr.slots import Slot
-from stages.asr.stream import ASRStream, Cancel, Failure, Request, StreamConfig
+from stages.asr.stream import ASRStream, Cancel, Failure, Kind, Request, StreamConfig
 
 
 def stream_config(cfg: ASRConfig, rate: int, partials: bool = True) -> StreamConfig:
@@ -176,7 +176,7 @@ class StreamingASR(Stage):
                 self.push_error(f"{self.name}: transcription failed: {out.message}")
             else:
                 self.push(Transcript(out.text, final=out.final, start=out.start, end=out.end,
-                                     stable=out.stable))
+                                     stable=out.stable, speculative=out.kind is Kind.SPECULATIVE))
                 trace = self.ctx.trace
                 if not out.final and out.audio_ns and trace is not None:
                     trace.partial_lag((time.monotonic_ns() - out.audio_ns) / 1e6)

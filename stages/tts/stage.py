@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -12,8 +15,16 @@ import numpy as np
 
 from agent.config import TTSConfig
 from agent.errors import require
-from agent.frames import SAMPLE_RATE, Frame, TextToSpeak, TTSAudio
-from agent.stage import QueuedStage, StageContext
+from agent.frames import (
+    SAMPLE_RATE,
+    Direction,
+    Frame,
+    Interrupt,
+    SpeculationResolved,
+    TextToSpeak,
+    TTSAudio,
+)
+from agent.stage import DOWN, QueuedStage, StageContext
 from stages.tts.base import TTS
 
 _DONE = object()
@@ -28,10 +39,16 @@ class TTSStage(QueuedStage):
 
     Synthesis, resampling and chunking run on one worker thread; the event loop only pushes
     frames. On a barge-in the worker stops at its next chunk and nothing more is pushed.
+
+    A ``TextToSpeak`` marked ``held`` belongs to a speculative reply: it is synthesized as
+    usual, but what it would push (the frame itself, its audio, its trace events) is kept until
+    a ``SpeculationResolved`` for its id arrives — confirmed: all of it goes on at once, and
+    later chunks of that reply pass straight through; discarded: it is dropped, its queued
+    chunks with it and its synthesis stopped, and nothing of it is ever heard.
     """
 
     name = "tts"
-    consumes = frozenset({TextToSpeak})
+    consumes = frozenset({TextToSpeak, SpeculationResolved})
 
     def __init__(self, tts: TTS, cfg: TTSConfig) -> None:
         super().__init__()
@@ -44,6 +61,11 @@ class TTSStage(QueuedStage):
             else None
         )
         self._synth_worker: ThreadPoolExecutor | None = None
+        # speculative replies: what each would have pushed, and which ones were confirmed
+        self._held: dict[int, list[Frame | tuple[str, int]]] = {}
+        self._confirmed: deque[int] = deque(maxlen=8)
+        self._speaking: TextToSpeak | None = None
+        self.held_discarded = 0  # audio chunks synthesized for replies that were never confirmed
 
     async def start(self, ctx: StageContext) -> None:
         await super().start(ctx)
@@ -58,16 +80,61 @@ class TTSStage(QueuedStage):
     def wants(self, frame: Frame) -> bool:
         return isinstance(frame, TextToSpeak)
 
+    def process(self, frame: Frame, direction: Direction) -> None:
+        if isinstance(frame, SpeculationResolved) and direction is DOWN:
+            self._resolve(frame)
+        super().process(frame, direction)
+
+    def on_interrupt(self, frame: Interrupt) -> None:
+        self._held.clear()
+
+    def _resolve(self, frame: SpeculationResolved) -> None:
+        held = self._held.pop(frame.id, [])
+        if frame.confirmed:
+            self._confirmed.append(frame.id)
+            trace = self.ctx.trace
+            for item in held:
+                if isinstance(item, tuple):
+                    if trace is not None:
+                        trace.event(*item)
+                else:
+                    self.push(_heard(item))
+            return
+        self.held_discarded += sum(_is_audio(f) for f in held)
+        self._queue = deque(
+            f for f in self._queue if not (isinstance(f, TextToSpeak) and f.held == frame.id)
+        )
+        cur = self._speaking
+        if cur is not None and cur.held == frame.id and self._current is not None:
+            self._current.cancel()
+
+    def _out(self, frame: TextToSpeak, item: Frame | str) -> None:
+        """Push ``item`` (a frame, or a trace event's name) for ``frame``: held while its
+        speculative reply is unconfirmed."""
+        if frame.held and frame.held not in self._confirmed:
+            held = self._held.setdefault(frame.held, [])
+            held.append((item, time.monotonic_ns()) if isinstance(item, str) else item)
+        elif isinstance(item, str):
+            if self.ctx.trace is not None:
+                self.ctx.trace.event(item)
+        else:
+            self.push(_heard(item))
+
     async def handle(self, frame: Frame) -> None:
         assert isinstance(frame, TextToSpeak)
-        self.push(frame)
+        self._speaking = frame
+        try:
+            await self._say(frame)
+        finally:
+            self._speaking = None
+
+    async def _say(self, frame: TextToSpeak) -> None:
+        self._out(frame, frame)
         text = frame.text.strip()
-        trace = self.ctx.trace
         if not text:
-            self.push(TTSAudio(np.zeros(0, np.int16), last=True, text=frame.text))
+            self._out(frame, TTSAudio(np.zeros(0, np.int16), last=True, text=frame.text))
             return
-        if trace is not None:
-            trace.event("tts_request")
+        self._out(frame, "tts_request")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         stop = threading.Event()
@@ -89,16 +156,16 @@ class TTSStage(QueuedStage):
                 if isinstance(item, BaseException):
                     raise item
                 pcm, last = item
-                if first and trace is not None:
-                    trace.event("tts_first_audio")
+                if first:
+                    self._out(frame, "tts_first_audio")
                 first = False
                 if last:
-                    self.push(TTSAudio(pcm, last=True, text=frame.text))
+                    self._out(frame, TTSAudio(pcm, last=True, text=frame.text))
                     return
-                self.push(TTSAudio(pcm))
+                self._out(frame, TTSAudio(pcm))
         except Exception:
             # The utterance is over either way: close it for the output, then report.
-            self.push(TTSAudio(np.zeros(0, np.int16), last=True, text=frame.text))
+            self._out(frame, TTSAudio(np.zeros(0, np.int16), last=True, text=frame.text))
             raise
         finally:
             stop.set()
@@ -140,6 +207,18 @@ class TTSStage(QueuedStage):
             emit((pending[:n].copy(), False))
             pending = pending[n:]
         emit((np.ascontiguousarray(pending, dtype=np.int16), True))
+
+
+def _is_audio(item: object) -> bool:
+    """What the stage itself made (it never reads TTSAudio from upstream)."""
+    return type(item) is TTSAudio
+
+
+def _heard(frame: Frame) -> Frame:
+    """A confirmed speculative chunk goes on as an ordinary one."""
+    if isinstance(frame, TextToSpeak) and frame.held:
+        return dataclasses.replace(frame, held=0)
+    return frame
 
 
 LEAD_PEAK = 100  # int16 peak of near-silence (-50 dBFS)

@@ -41,7 +41,7 @@ class Scripted:
 
 def run_turn(llm: Scripted) -> int:
     async def main() -> int:
-        stage = LLMStage(llm, LLMConfig(), AgentConfig(prefill=True, first_audio_wait_ms=0))
+        stage = LLMStage(llm, LLMConfig(), AgentConfig(prefill=True, preempt=False, first_audio_wait_ms=0))
         async with StageHarness(stage) as h:
             h.pipeline.push(SpeechStarted(at=0), DOWN)
             h.pipeline.push(Transcript("what time is it", final=False), DOWN)

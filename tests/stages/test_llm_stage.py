@@ -199,7 +199,7 @@ def test_prefill_on_a_pause_does_not_change_the_reply(llm: LocalLLM) -> None:
     question = PREFILL_QUESTION
 
     async def reply(prefill: bool) -> tuple[str, int]:
-        agent = AgentConfig(prefill=prefill, first_audio_wait_ms=0)
+        agent = AgentConfig(prefill=prefill, preempt=False, first_audio_wait_ms=0)
         async with Harness(llm, agent) as h:
             push = h.pipeline.push
             push(SpeechStarted(at=0), DOWN)

@@ -27,16 +27,20 @@ from agent.frames import (
     Frame,
     Interrupt,
     LLMTextDelta,
+    PausePlayout,
+    ResumePlayout,
     SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     Transcript,
+    TurnCandidate,
     UserTurnEnded,
 )
 from agent.pipeline import Pipeline
 from agent.stage import Stage, StageContext
 from agent.trace import Trace
-from stages.turn import VAD_VERDICT_LAG, TurnDetector
+from stages.turn import VAD_VERDICT_LAG, TurnDetector, has_words
 from stages.vad import SileroModel, VADStage
 
 SR = 16_000
@@ -286,7 +290,7 @@ def test_bot_frames_go_upstream_and_are_tracked() -> None:
 
 
 def test_a_short_blip_over_the_agent_neither_interrupts_nor_becomes_a_turn() -> None:
-    call = Call(TurnConfig(barge_in_min_speech_ms=160))
+    call = Call(TurnConfig(barge_in_min_speech_ms=160, resume_false_interrupts=False))
     bot_speaking(call)
     blip = call.say(140)  # 140 ms < 160 ms
     call.final("mm-hmm", blip.started_at, blip.at)
@@ -298,7 +302,7 @@ def test_a_short_blip_over_the_agent_neither_interrupts_nor_becomes_a_turn() -> 
 @pytest.mark.parametrize("min_ms", [100, 160, 400])
 def test_speech_over_the_agent_interrupts_after_the_minimum(min_ms: int) -> None:
     trace = Trace()
-    call = Call(TurnConfig(barge_in_min_speech_ms=min_ms), trace=trace)
+    call = Call(TurnConfig(barge_in_min_speech_ms=min_ms, resume_false_interrupts=False), trace=trace)
     trace.begin_turn(speech_end=1)  # the agent's reply to the previous turn is in flight
     bot_speaking(call)
     at = call.speech_start()
@@ -321,7 +325,7 @@ def test_speech_over_the_agent_interrupts_after_the_minimum(min_ms: int) -> None
 
 
 def test_a_blip_below_the_minimum_then_real_speech() -> None:
-    call = Call(TurnConfig(barge_in_min_speech_ms=300))
+    call = Call(TurnConfig(barge_in_min_speech_ms=300, resume_false_interrupts=False))
     bot_speaking(call)
     call.say(240)
     call.audio(500)
@@ -353,7 +357,7 @@ def test_speech_after_the_agent_stopped_does_not_interrupt() -> None:
 
 
 def test_speech_already_under_way_counts_from_when_the_agent_starts() -> None:
-    call = Call(TurnConfig(barge_in_min_speech_ms=160))
+    call = Call(TurnConfig(barge_in_min_speech_ms=160, resume_false_interrupts=False))
     at = call.speech_start()
     call.audio(500)
     call.bot(BotStartedSpeaking())
@@ -367,7 +371,7 @@ def test_speech_already_under_way_counts_from_when_the_agent_starts() -> None:
 
 
 def test_an_agent_that_stops_mid_blip_makes_the_speech_a_turn() -> None:
-    call = Call(TurnConfig(barge_in_min_speech_ms=400))
+    call = Call(TurnConfig(barge_in_min_speech_ms=400, resume_false_interrupts=False))
     bot_speaking(call)
     at = call.speech_start()
     call.audio(100)
@@ -402,7 +406,7 @@ def test_end_of_call_drops_the_unfinished_turn() -> None:
 
 
 def test_speech_that_resumes_after_a_pause_over_the_agent_still_interrupts() -> None:
-    call = Call(TurnConfig(barge_in_min_speech_ms=160))
+    call = Call(TurnConfig(barge_in_min_speech_ms=160, resume_false_interrupts=False))
     bot_speaking(call)
     at = call.speech_start()
     call.audio(40)  # 100 ms of speech, then the VAD pauses ...
@@ -527,7 +531,7 @@ def test_real_speech_long_silence_joins_the_utterances(vad_model, conversation) 
 @pytest.mark.parametrize("how", STEPS, ids=STEP_IDS)
 def test_real_speech_over_the_agent_interrupts_it(vad_model, how: str) -> None:
     pcm = perturb(read_clip("ls-dev-clean-1988-24833-0000"), how)
-    turn = TurnDetector(TurnConfig(barge_in_min_speech_ms=160))
+    turn = TurnDetector(TurnConfig(barge_in_min_speech_ms=160, resume_false_interrupts=False))
     out = run_call(vad_model, turn, pcm, bot_at=0)
     (interrupt,) = [f for f in out if isinstance(f, Interrupt)]
     assert abs(interrupt.at - int(0.48 * SR)) <= 250 * MS
@@ -593,3 +597,252 @@ def test_real_speech_caller_audio_stops_at_turn_detection(vad_model) -> None:
     # The turn ended 500 ms of caller audio after the speech, as counted on the AudioIn frames:
     # at the same frame as with every stage reading everything.
     assert after.ended_at == ref_after.ended_at and after.ended_at[0] > 0
+
+
+# --- semantic endpointing (a scripted turn model: the decisions around its verdicts) ---
+
+
+class ScriptedScorer:
+    """Answers P(complete) from a script, one value per call; records what it was asked."""
+
+    def __init__(self, *verdicts: float, fail: bool = False) -> None:
+        self.verdicts = list(verdicts)
+        self.asked: list[int] = []  # samples of audio per call
+        self.heard: list[np.ndarray] = []
+        self.fail = fail
+
+    async def predict(self, pcm: np.ndarray) -> float:
+        self.asked.append(len(pcm))
+        self.heard.append(pcm.copy())
+        await asyncio.sleep(0)
+        if self.fail:
+            raise RuntimeError("model exploded")
+        return self.verdicts.pop(0) if len(self.verdicts) > 1 else self.verdicts[0]
+
+
+class SemanticCall(Call):
+    """A Call whose TurnDetector has a turn model; drive it inside a running loop."""
+
+    def __init__(self, scorer: ScriptedScorer, cfg: TurnConfig | None = None,
+                 trace: Trace | None = None) -> None:
+        self.cfg = cfg or TurnConfig(pause_ms=VAD_STOP_MS)
+        self.turn = TurnDetector(self.cfg, vad_stop_ms=VAD_STOP_MS, scorer=scorer)
+        self.out: list[Frame] = []
+        self.up: list[Frame] = []
+        self.pipe = Pipeline([self.turn], on_output=self.out.append, on_upstream=self.up.append)
+        self.trace = trace
+        self.pos = 0
+        self.clock = 1_000_000_000
+        self.audio_frames: list[AudioIn] = []
+
+    async def begin(self) -> None:
+        await self.pipe.start(StageContext(trace=self.trace))
+
+    async def settle(self) -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    def candidates(self) -> list[str]:
+        return [f.text for f in self.out if isinstance(f, TurnCandidate)]
+
+
+def test_a_confident_model_ends_the_turn_as_soon_as_the_final_is_in() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.93)
+        call = SemanticCall(scorer, TurnConfig(pause_ms=VAD_STOP_MS, silence_ms=1500))
+        await call.begin()
+        stop = call.say(900)
+        await call.settle()
+        assert call.ends() == [] and len(scorer.asked) == 1  # asked at the stop; no text yet
+        call.final("book a table for two", stop.started_at, stop.at)
+        assert call.ends() == ["book a table for two"]  # no silence_ms wait: the model said so
+        # it heard the whole call so far (up to 8 s): the speech and the silence after it
+        assert scorer.asked[0] == stop.at + 40 * MS + (VAD_STOP_MS - 40) * MS
+    asyncio.run(main())
+
+
+def test_the_model_hears_the_latest_8_s_exactly() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.9)
+        call = SemanticCall(scorer)
+        await call.begin()
+        sent = []
+        at = 0
+        rng = np.random.default_rng(3)
+        for _ in range(11 * SR // 320):  # 11 s of distinct samples, in frames of odd sizes
+            n = int(rng.integers(100, 700))
+            pcm = rng.integers(-3000, 3000, n).astype(np.int16)
+            call.send(AudioIn(pcm, offset=at))
+            at += n
+            sent.append(pcm)
+        call.pos = at
+        call.send(SpeechStarted(at - 2 * SR))
+        call.send(SpeechStopped(at - SR // 2, started_at=at - 2 * SR))
+        await call.settle()
+        (heard,) = scorer.heard
+        assert np.array_equal(heard, np.concatenate(sent)[-8 * SR:])
+    asyncio.run(main())
+
+
+def test_an_incomplete_verdict_waits_rescoring_and_ends_at_max_wait() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.05)
+        cfg = TurnConfig(pause_ms=VAD_STOP_MS, max_wait_ms=1500, rescore_ms=300)
+        call = SemanticCall(scorer, cfg)
+        await call.begin()
+        stop = call.say(900)
+        call.final("I would like to", stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == [] and call.candidates() == ["I would like to"]
+        for _ in range(55):  # 1.1 s more: 1.4 s of silence since the stop, < 1.5 s
+            call.audio(20)
+            await call.settle()
+        assert call.ends() == []
+        assert 3 <= len(scorer.asked) <= 5  # at the stop, then every 300 ms of silence
+        for _ in range(10):
+            call.audio(20)
+            await call.settle()
+        assert call.ends() == ["I would like to"]
+        i = next(i for i, f in enumerate(call.out) if isinstance(f, UserTurnEnded))
+        before = call.out[i - 1]
+        assert isinstance(before, AudioIn) and before.end - stop.at >= 1500 * MS > before.end - FRAME - stop.at
+        assert call.candidates() == ["I would like to"]  # offered once
+    asyncio.run(main())
+
+
+def test_a_rescore_that_turns_confident_ends_the_turn_then() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.1, 0.1, 0.8)
+        call = SemanticCall(scorer, TurnConfig(pause_ms=VAD_STOP_MS, max_wait_ms=3000, rescore_ms=300))
+        await call.begin()
+        stop = call.say(900)
+        call.final("that is all", stop.started_at, stop.at)
+        while not call.ends():
+            call.audio(20)
+            await call.settle()
+        assert len(scorer.asked) == 3
+        assert call.pos - stop.at < (VAD_STOP_MS + 2 * 300 + 100) * MS
+    asyncio.run(main())
+
+
+def test_speech_that_resumes_mid_thought_joins_the_turn_and_cancels_the_candidate() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.05, 0.97)
+        call = SemanticCall(scorer, TurnConfig(pause_ms=VAD_STOP_MS, max_wait_ms=1500, rescore_ms=0))
+        await call.begin()
+        first = call.say(900)
+        call.final("I would like", first.started_at, first.at)
+        await call.settle()
+        call.audio(400)  # 700 ms of silence in all: a long mid-sentence pause
+        await call.settle()
+        assert call.ends() == [] and call.candidates() == ["I would like"]
+        second = call.say(700)
+        await call.settle()
+        call.final("a table for two", second.started_at, second.at)
+        await call.settle()
+        assert call.ends() == ["I would like a table for two"]
+        assert call.turn.turns == 1
+    asyncio.run(main())
+
+
+def test_a_speculative_transcript_during_the_pause_is_offered_as_a_candidate() -> None:
+    async def main() -> None:
+        call = SemanticCall(ScriptedScorer(0.9))
+        await call.begin()
+        at = call.speech_start()
+        call.audio(800)
+        end = call.pos
+        call.audio(40)
+        call.send(SpeechPaused(end, t_ns=call.tick()))
+        call.send(Transcript("what time is it", final=False, start=at, end=end, speculative=True))
+        call.send(Transcript("what time is it", final=False, start=at, end=end))  # a partial
+        assert call.candidates() == ["what time is it"]
+        call.send(SpeechResumed(end + 60 * MS))
+        call.send(Transcript("what time is", final=False, start=at, end=end, speculative=True))
+        assert call.candidates() == ["what time is it"]  # not paused any more: no candidate
+    asyncio.run(main())
+
+
+def test_a_failing_model_falls_back_to_the_fixed_silence_and_says_so() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.0, fail=True)
+        call = SemanticCall(scorer, TurnConfig(pause_ms=VAD_STOP_MS, silence_ms=600, max_wait_ms=1500))
+        await call.begin()
+        stop = call.say(900)
+        call.final("hello there", stop.started_at, stop.at)
+        while not call.ends():
+            call.audio(20)
+            await call.settle()
+        assert 600 * MS <= call.pos - stop.at < 700 * MS
+        assert len([f for f in call.out if isinstance(f, ErrorFrame)]) == 1
+        assert call.turn.model_failures == 1
+    asyncio.run(main())
+
+
+def test_the_trace_gets_the_decision_and_the_model_span() -> None:
+    async def main() -> None:
+        trace = Trace()
+        call = SemanticCall(ScriptedScorer(0.9), trace=trace)
+        await call.begin()
+        stop = call.say(900)
+        await call.settle()
+        call.final("book it", stop.started_at, stop.at)
+        turn = trace.current
+        assert turn is not None
+        assert {"turn_model_request", "turn_model_result", "vad_decision"} <= set(turn.events)
+        assert turn.info["p_complete"] == 0.9
+        assert turn.events["asr_final"] >= turn.events["vad_decision"]
+    asyncio.run(main())
+
+
+# --- false interruptions: a barge-in pauses the agent; words cut it off, no words resume it ---
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("", False), ("...", False), ("[BLANK_AUDIO]", False), ("(coughing)", False), ("Hmm?", False),
+    ("uh-huh", False), ("Wait.", True), ("hmm, wait", True), ("No", True), ("2", True),
+    ("huh?", True),  # "what?": the caller wants the floor
+])
+def test_what_counts_as_words(text: str, words: bool) -> None:
+    assert has_words(text) is words
+
+
+def test_a_barge_in_pauses_then_words_interrupt() -> None:
+    call = Call(TurnConfig(barge_in_min_speech_ms=160))
+    bot_speaking(call)
+    at = call.speech_start()
+    call.audio(300)
+    (pause,) = [f for f in call.out if isinstance(f, PausePlayout)]
+    assert pause.at == at and not any(isinstance(f, Interrupt) for f in call.out)
+    call.send(Transcript("", final=False, start=at, end=call.pos))  # nothing yet: still paused
+    assert not any(isinstance(f, Interrupt) for f in call.out)
+    call.send(Transcript("wait", final=False, start=at, end=call.pos))
+    (interrupt,) = [f for f in call.out if isinstance(f, Interrupt)]
+    assert interrupt.at == at and call.turn.interrupts == 1
+    stop = call.speech_stop(at)
+    call.final("wait a second", stop.started_at, stop.at)
+    call.audio(400)
+    assert call.ends() == ["wait a second"]
+    assert not any(isinstance(f, ResumePlayout) for f in call.out)
+
+
+@pytest.mark.parametrize("heard", ["", "  ", "[coughs]", "(noise)", "*cough*", ".", "Hmm.",
+                                   "Mm-hmm.", "uh, um"])
+def test_a_barge_in_without_words_resumes_the_agent(heard: str) -> None:
+    call = Call(TurnConfig(barge_in_min_speech_ms=160))
+    bot_speaking(call)
+    at = call.speech_start()
+    call.audio(300)
+    call.bot(BotStoppedSpeaking(interrupted=True))  # the playout paused
+    stop = call.speech_stop(at)
+    call.final(heard, stop.started_at, stop.at)
+    assert isinstance(call.out[-1], ResumePlayout)
+    call.audio(1000)
+    assert call.ends() == [] and call.turn.interrupts == 0 and call.turn.false_interrupts == 1
+    assert not any(isinstance(f, Interrupt) for f in call.out)
+    # the agent speaks again and the caller can still barge in for real
+    bot_speaking(call)
+    again = call.speech_start()
+    call.audio(300)
+    call.send(Transcript("stop", final=False, start=again, end=call.pos))
+    assert [f.at for f in call.out if isinstance(f, Interrupt)] == [again]

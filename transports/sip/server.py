@@ -1,5 +1,6 @@
 """The asyncio UDP shell around the sans-I/O ``UserAgentServer``: one SIP socket for every call,
-one RTP socket and one ``Session`` per call, created on INVITE and freed on BYE or CANCEL."""
+one RTP socket and one ``Session`` per call, created on INVITE and freed on BYE or CANCEL, or
+when the agent hangs up (a BYE of ours, once its last words have played)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ from transports.sip.uas import (
 
 log = logging.getLogger("voxline.sip")
 SessionFactory = Callable[[], Session | Awaitable[Session]]
+# after the agent's last packet, the caller's jitter buffer still holds some of its audio: the
+# BYE of an agent hang-up waits this long so the caller hears the goodbye to its end
+HANGUP_LINGER_S = 0.2
 
 
 @dataclass(slots=True)
@@ -38,6 +42,7 @@ class SipCall:
     media: RtpMediaStream
     life: CallLifecycle
     started: float = field(default_factory=time.monotonic)
+    hangup_watch: asyncio.Task[None] | None = None  # waits for the agent to end the call
 
 
 @dataclass(slots=True, frozen=True)
@@ -112,10 +117,17 @@ class SipServer(asyncio.DatagramProtocol):
         if self._transport is not None:
             self._transport.close()
 
-    async def hangup(self, call_id: str) -> None:
-        """The agent ends a call: BYE to the caller, then the session is closed."""
-        self._send(self.uas.hangup(call_id))
-        await self._end(call_id, "hangup")
+    async def hangup(self, call_id: str, reason: str = "hangup") -> None:
+        """The agent ends a call: BYE to the caller (``reason`` in its Reason header), then
+        the session is closed with ``reason``."""
+        self._send(self.uas.hangup(call_id, reason))
+        await self._end(call_id, reason)
+
+    async def _watch_hangup(self, call: SipCall) -> None:
+        """A stage of the call's pipeline ended it: BYE once its last words have played."""
+        reason = await call.life.agent_hangup()
+        await asyncio.sleep(HANGUP_LINGER_S)
+        await self.hangup(call.call_id, reason)
 
     async def _timers(self) -> None:
         while True:
@@ -152,10 +164,11 @@ class SipServer(asyncio.DatagramProtocol):
             elif isinstance(ev, CallEnded):
                 self._spawn(self._end(ev.call_id, ev.reason))
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # --- calls -------------------------------------------------------------------------------
     async def _answer(self, offer: CallOffered) -> None:
@@ -186,6 +199,7 @@ class SipServer(asyncio.DatagramProtocol):
             await life.close("cancel")
             return
         self.calls[offer.call_id] = call
+        call.hangup_watch = self._spawn(self._watch_hangup(call))
         answer = build_answer(offer.answer, self.media_address, port)
         self._send(self.uas.accept(offer.call_id, answer, time.monotonic()))
 
@@ -205,6 +219,8 @@ class SipServer(asyncio.DatagramProtocol):
         call = self.calls.pop(call_id, None)
         if call is None:
             return
+        if call.hangup_watch is not None and call.hangup_watch is not asyncio.current_task():
+            call.hangup_watch.cancel()
         await call.media.close()
         summary = await call.life.close(reason)
         js = call.media.jitter.stats

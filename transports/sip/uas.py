@@ -221,8 +221,10 @@ class UserAgentServer:
         self.rejected[status] = self.rejected.get(status, 0) + 1
         return [Outgoing(self._reply(dlg.invite, status, reason, dlg.to_tag).to_bytes(), dlg.addr)]
 
-    def hangup(self, call_id: str) -> list[Outgoing]:
-        """We end the call: a BYE inside the dialog (From and To swap roles)."""
+    def hangup(self, call_id: str, reason: str = "") -> list[Outgoing]:
+        """We end the call: a BYE inside the dialog (From and To swap roles). A ``reason``
+        (``idle``) goes in an RFC 3326 ``Reason`` header as normal call clearing (Q.850
+        cause 16) with the reason as its text."""
         dlg = self.dialogs.pop(call_id, None)
         if dlg is None or dlg.state not in ("answered", "confirmed"):
             return []
@@ -233,12 +235,16 @@ class UserAgentServer:
         to = inv.header("To")
         if ";tag=" not in to.lower():
             to = f"{to};tag={dlg.to_tag}"
-        bye = SipMessage(method="BYE", uri=target.strip(), headers=[
+        headers = [
             ("Via", f"SIP/2.0/UDP {self.host}:{self.port};branch=z9hG4bK{secrets.token_hex(8)}"),
             ("Max-Forwards", "70"), ("From", to), ("To", inv.header("From")),
             ("Call-ID", inv.call_id), ("CSeq", f"{inv.cseq[0] + 1} BYE"),
             ("User-Agent", self.user_agent),
-        ])
+        ]
+        if reason:
+            text = "".join(c for c in reason if c.isprintable() and c not in '"\\')[:64]
+            headers.append(("Reason", f'Q.850;cause=16;text="{text}"'))
+        bye = SipMessage(method="BYE", uri=target.strip(), headers=headers)
         return [Outgoing(bye.to_bytes(), dlg.addr)]
 
     def poll(self, now: float) -> list[Event]:

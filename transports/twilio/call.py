@@ -6,6 +6,9 @@ Marks track what the caller has actually heard: after the first packet of each a
 we send a mark, and Twilio echoes it once that audio has played, so the trace's ``audio_out``
 (the end of the voice-to-voice span) is the moment the caller heard the agent, not the moment
 we handed bytes to the socket. Barge-in sends ``clear`` so Twilio drops its buffered audio.
+The same marks tell when the agent's last words have played, so an agent hang-up closes the
+stream only then (Twilio's protocol has no hang-up message: closing the stream ends
+``<Connect>``, and a call whose TwiML has nothing after it ends).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class TwilioCall(NarrowbandCall):
         self.heard_from_marks = heard_from_marks
         self.stats = TwilioCallStats()
         self.stopped = False
+        self.hanging_up = ""  # the agent's reason once it ended the call
         self._decoder = NarrowbandDecoder(PCMU)
         self._outbound = NarrowbandPlayout(session.playout, PCMU)
         self._last_seq = start.sequence
@@ -75,6 +79,16 @@ class TwilioCall(NarrowbandCall):
     def _interrupted(self) -> None:
         self._clear_due = True  # Twilio is told to drop what it buffered
         super()._interrupted()
+
+    def hang_up(self, reason: str) -> None:
+        """The agent ends the call; the shell closes the stream once :attr:`played_out`."""
+        self.hanging_up = reason
+
+    @property
+    def played_out(self) -> bool:
+        """Every packet of agent audio sent has played at Twilio: no utterance open, the
+        encoder's tail sent, and every mark echoed."""
+        return not self._talking and not self._pending and self._outbound.encoder.pending == 0
 
     # --- Twilio → us -------------------------------------------------------------------------
     def receive(self, msg: InboundMessage, now_ns: int) -> None:

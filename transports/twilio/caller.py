@@ -45,6 +45,8 @@ class CallerLog:
     dropped_by_clear: int = 0  # chunks the bot's clear removed from the handset buffer
     barge_in_s: float | None = None  # when the caller started talking over the bot
     malformed: int = 0
+    close_code: int | None = None  # the bot closed the stream (an agent hang-up): its code...
+    close_reason: str = ""  # ... and reason
 
     @property
     def agent_audio(self) -> np.ndarray:
@@ -73,10 +75,15 @@ class TwilioCaller:
         self._t0 = time.monotonic()
         await ws.send(Connected().to_json())
         await ws.send(Start(self.stream_sid, self.call_sid, "AC" + "0" * 32, sequence=1).to_json())
+        from websockets.exceptions import ConnectionClosed
+
         reader = asyncio.get_running_loop().create_task(self._read(ws))
         try:
             await self._stream(ws, audio8k, dict(dtmf or {}), tail_s, until, barge_in,
                                barge_in_after_s)
+        except ConnectionClosed as closed:  # the bot ended the call
+            if closed.rcvd is not None:
+                self.log.close_code, self.log.close_reason = closed.rcvd.code, closed.rcvd.reason
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)

@@ -21,7 +21,7 @@ log = logging.getLogger("voxline.twilio")
 
 
 class _AiohttpSocket:
-    """aiohttp's WebSocketResponse seen through the two calls ``handle_media_stream`` makes."""
+    """aiohttp's WebSocketResponse seen through the calls ``handle_media_stream`` makes."""
 
     def __init__(self, ws: Any) -> None:
         self.ws = ws
@@ -36,6 +36,9 @@ class _AiohttpSocket:
 
     async def send(self, message: str) -> None:
         await self.ws.send_str(message)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.ws.close(code=code, message=reason.encode()[:120])
 
 
 def add_twilio_routes(

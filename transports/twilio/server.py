@@ -25,6 +25,8 @@ from transports.twilio.twiml import connect_stream_twiml, reject_twiml
 log = logging.getLogger("voxline.twilio")
 SessionFactory = Callable[[Start], Session | Awaitable[Session]]
 START_TIMEOUT_S = 10.0  # Twilio sends connected and start at once; anything slower is not Twilio
+# an agent hang-up waits at most this long for Twilio to echo the marks of the audio it holds
+PLAYED_OUT_WAIT_S = 3.0
 
 
 class MessageSocket(Protocol):
@@ -32,13 +34,14 @@ class MessageSocket(Protocol):
 
     async def recv(self) -> str | bytes: ...
     async def send(self, message: str) -> None: ...
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
 
 @dataclass(slots=True, frozen=True)
 class TwilioCallReport:
     stream_sid: str
     call_sid: str
-    reason: str  # "stop" | "disconnected"
+    reason: str  # "stop" | "disconnected" | the agent's hang-up reason ("idle", "agent")
     stats: TwilioCallStats
     malformed: int
     heard_lags_ms: list[float]
@@ -52,8 +55,9 @@ async def handle_media_stream(
     on_call: Callable[[TwilioCall], None] | None = None,
     heard_from_marks: bool = True,
 ) -> TwilioCallReport | None:
-    """Serve one media stream until Twilio's ``stop`` or the socket closes; the session is
-    closed on every path. Returns None when the peer never sent a ``start``."""
+    """Serve one media stream until Twilio's ``stop``, the socket closes or the agent hangs up
+    (the stream is closed normally once its last words have played); the session is closed on
+    every path. Returns None when the peer never sent a ``start``."""
     malformed = 0
 
     async def next_message() -> Any:
@@ -90,17 +94,21 @@ async def handle_media_stream(
         await life.close("error")
         raise
     async with life:  # a start that fails closes the session, and the error goes on
-        writer = asyncio.get_running_loop().create_task(_write(ws, call))
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(_write(ws, call))
+        hangup = loop.create_task(_hang_up(ws, call, life))
         try:
             while not call.stopped:
                 msg = await next_message()
                 call.receive(msg, time.monotonic_ns())
-            life.reason = "hangup"
+            if not call.hanging_up:
+                life.reason = "hangup"
         except (ConnectionError, _closed_errors()):
             pass
         finally:
-            writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
+            for task in (writer, hangup):
+                task.cancel()
+            await asyncio.gather(writer, hangup, return_exceptions=True)
     reason = "stop" if life.reason == "hangup" else life.reason
     return TwilioCallReport(call.stream_sid, call.call_sid, reason, call.stats, malformed,
                             call.heard_lags_ms, session.summary, list(session.trace.turns))
@@ -113,6 +121,17 @@ async def _write(ws: MessageSocket, call: TwilioCall) -> None:
         for msg in call.tick(time.monotonic_ns()):
             await ws.send(msg.to_json())
         await asyncio.sleep(call.delay(time.monotonic_ns()))
+
+
+async def _hang_up(ws: MessageSocket, call: TwilioCall, life: CallLifecycle) -> None:
+    """The agent ends the call: once Twilio has played what was sent (its marks are back, or
+    ``PLAYED_OUT_WAIT_S`` passed), close the stream normally with the reason."""
+    call.hang_up(await life.agent_hangup())
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + PLAYED_OUT_WAIT_S
+    while not call.played_out and loop.time() < give_up:
+        await asyncio.sleep(call.pacer.ptime_ns / 1e9)
+    await ws.close(1000, call.hanging_up)
 
 
 def _closed_errors() -> type[Exception]:

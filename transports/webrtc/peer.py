@@ -5,6 +5,8 @@ Caller audio arrives as Opus on the browser's microphone track and is fed to the
 the browser's data channel carries the same JSON events as the WebSocket transport, and the
 client's ``hangup``/``ping``. The call ends when the peer connection fails or closes, the data
 channel closes, the caller's track ends, or the client hangs up; :meth:`close` is idempotent.
+When the agent hangs up, the client gets a ``hangup`` event on the data channel once the agent's
+last words have played out, and the call closes a moment later.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ MAX_PENDING_EVENTS = 256
 MAX_CHANNEL_BUFFER = 256 * 1024
 # a browser that got its answer but never connects (ICE failed without saying so) is let go
 CONNECT_TIMEOUT_S = 30.0
+# an agent hang-up waits at most this long for the hangup event to leave the data channel, then
+# this long for the browser's jitter buffer to play the agent's last audio
+CHANNEL_DRAIN_S = 1.0
+HANGUP_LINGER_S = 0.2
 
 
 # aiortc holds each received audio packet until 4 more have arrived (80 ms) before decoding it.
@@ -131,12 +137,27 @@ class WebRTCCall:
                 self.low_delay_opus = use_low_delay_opus(
                     sender, transceiver._codecs[0].mimeType, self.track.ptime_ms)  # noqa: SLF001
         self._spawn(self._watch_connect())
+        self._spawn(self._watch_hangup())
         return self.pc.localDescription
 
     async def _watch_connect(self) -> None:
         await asyncio.sleep(CONNECT_TIMEOUT_S)
         if self.pc.connectionState != "connected":
             self.close_soon("never connected")
+
+    async def _watch_hangup(self) -> None:
+        """The agent ends the call: tell the client on the data channel, then close."""
+        reason = await self.life.agent_hangup()
+        if self.events is not None:
+            self.events.emit(codec.hangup_event(reason))
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + CHANNEL_DRAIN_S
+        ch = self.channel
+        while ch is not None and ch.readyState == "open" and ch.bufferedAmount and (
+                loop.time() < give_up):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(HANGUP_LINGER_S)
+        self.close_soon(reason)
 
     # --- events out --------------------------------------------------------------------------
     def _send_event(self, text: str) -> None:

@@ -4,7 +4,9 @@ Three loops per call: the reader feeds caller audio into the session, a ticker s
 agent's audio as the call's :class:`~agent.pacer.Pacer` releases it, and the writer drains the
 bounded :class:`~transports.websocket.outbox.Outbox` to the socket. When the client goes away
 (or hangs up, or errs) every loop is cancelled and the session closed, releasing its ASR slot
-and tasks; a session that fails to start is closed too, and the client told why.
+and tasks; a session that fails to start is closed too, and the client told why. When the agent
+hangs up, the audio already queued and a ``hangup`` event go out, then a normal close (1000)
+carrying the reason.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from agent.frames import FRAME_SAMPLES
+from agent.frames import FRAME_SAMPLES, SAMPLE_RATE
 from agent.pacer import Pacer
 from agent.session import Session
 from transports.call_events import CallEvents, ready_event
@@ -27,6 +29,7 @@ from transports.websocket.outbox import Outbox
 log = logging.getLogger("voxline.websocket")
 
 MAX_BAD_MESSAGES = 50  # a client that keeps sending garbage is cut off
+FLUSH_TIMEOUT_S = 2.0  # the most an agent hang-up waits for the outbox to reach the socket
 
 
 @dataclass(slots=True)
@@ -78,16 +81,35 @@ class WebSocketCall:
     async def _serve(self, life: CallLifecycle, events: CallEvents) -> None:
         async with life:
             events.emit(ready_event(self.session))
-            tasks = [
-                asyncio.create_task(self._write(), name=f"{self.session.id}-ws-writer"),
-                asyncio.create_task(self._tick(), name=f"{self.session.id}-ws-ticker"),
-            ]
+            sid = self.session.id
+            writer = asyncio.create_task(self._write(), name=f"{sid}-ws-writer")
+            ticker = asyncio.create_task(self._tick(), name=f"{sid}-ws-ticker")
+            reader = asyncio.create_task(self._read(events), name=f"{sid}-ws-reader")
+            hangup = asyncio.create_task(life.agent_hangup(), name=f"{sid}-ws-hangup")
+            tasks = (writer, ticker, reader, hangup)
             try:
-                life.reason = await self._read(events)
+                await asyncio.wait((reader, hangup), return_when=asyncio.FIRST_COMPLETED)
+                if reader.done():
+                    life.reason = reader.result()
+                else:
+                    await self._hang_up(hangup.result(), events, ticker, writer)
             finally:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _hang_up(
+        self, reason: str, events: CallEvents, ticker: asyncio.Task[None], writer: asyncio.Task[None]
+    ) -> None:
+        """The agent ended the call and its audio has left the playout: send what the outbox
+        holds and the ``hangup`` event, give the page time to play the audio it holds ahead of
+        its playhead, then close normally with the reason."""
+        ticker.cancel()
+        events.emit(codec.hangup_event(reason))
+        self.outbox.close()
+        await asyncio.wait((writer,), timeout=FLUSH_TIMEOUT_S)
+        await asyncio.sleep(LEAD_FRAMES * FRAME_SAMPLES / SAMPLE_RATE)
+        await self.ws.close(code=WSCloseCode.OK, message=reason.encode()[:120])
 
     async def _read(self, events: CallEvents) -> str:
         session = self.session
@@ -127,6 +149,8 @@ class WebSocketCall:
         ws, playout = self.ws, self.session.playout
         while True:
             item = await self.outbox.get()
+            if item is None:
+                return  # closed: the last message is out
             if isinstance(item, bytes):
                 await ws.send_bytes(item)
                 playout.sent(time.monotonic_ns())

@@ -93,3 +93,9 @@ def encode_event(event: dict[str, Any]) -> str:
 
 def error_event(reason: str, fatal: bool = False) -> dict[str, Any]:
     return {"type": "error", "message": reason, "stage": "transport", "fatal": fatal}
+
+
+def hangup_event(reason: str) -> dict[str, Any]:
+    """The agent ends the call (the client's own ``hangup``, the other way): the last event
+    before the server closes the socket (code 1000, ``reason`` as the close reason)."""
+    return {"type": "hangup", "reason": reason}
