@@ -1,16 +1,26 @@
 """Whole voice turns on the embedded defaults: every clip of ../shared/data/speech played as a
 call (``voxline run --fast`` semantics, in one process so models load once), then per-span
-p50/p95 over all turns and the WER of the ASR finals against the manifest's references.
+p50/p95 over all turns and the WER of the ASR finals against the manifest's references — for
+each endpointing mode side by side in one run: ``fixed`` (today's before this change: a fixed
+300 ms silence, no preemption, first chunks of 3-6 words) and ``semantic`` (the defaults: the Smart Turn model at each
+pause, preemptive replies). Also, with the defaults: the share of LLM tokens generated for
+speculative replies and thrown away, the speech set mixed with recorded noise at 20 and 10 dB
+SNR (``vad_eos`` p95 against the clean run), and a 30-turn call (``llm_first_token`` of the
+last 10 turns against the first 10; ``long_call.py``).
 
 Latencies are wall-clock (time.monotonic_ns) inside the voxline process: from the arrival of the
 caller's last speech frame to the first agent audio frame handed to the transport. ``--fast``
-only skips quiet stretches; each turn runs in real time. Prints a table and one JSON line.
+only skips quiet stretches; each turn runs in real time. A call ends once the recording has
+been played and nothing is pending (no open turn, no open speech): the rest of the agent's
+reply is not needed to measure its first audio. Prints a table and one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import copy
 import json
 import sys
 import time
@@ -22,12 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from emit import emit  # noqa: E402
+from long_call import run_long_call  # noqa: E402
+from noise import load_noise, mix_at_snr  # noqa: E402
 
 from agent.audio import read_audio  # noqa: E402
-from agent.commands.run import play_call  # noqa: E402
 from agent.config import Config, add_config_flags, config_from_args  # noqa: E402
+from agent.frames import SAMPLE_RATE  # noqa: E402
 from agent.presets import load_models  # noqa: E402
 from agent.runtime import freeze_after_warmup  # noqa: E402
+from agent.trace import SPAN_ORDER  # noqa: E402
 from stages.asr.wer import corpus_wer, normalize  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "speech"
@@ -35,7 +48,29 @@ SPANS = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transpor
          "voice_to_voice", "partial_lag"]
 
 
-async def run_clip(cfg: Config, models, path: Path) -> dict:
+MODES = {
+    # today's endpointing before semantic turns: a fixed silence, no preemption, no resume,
+    # the first TTS chunk at 3-6 words (the LLM's warm KV cache and the VAD's noise rule stay)
+    "fixed": {"turn.mode": "vad", "agent.preempt": False, "turn.resume_false_interrupts": False,
+              "agent.min_first_chunk_words": 3, "agent.max_first_chunk_words": 6},
+    "semantic": {},  # the defaults
+}
+
+
+def mode_config(base: Config, mode: str) -> Config:
+    cfg = copy.deepcopy(base)
+    for key, value in MODES[mode].items():
+        section, _, name = key.partition(".")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarray | None = None) -> dict:
+    """One recording as a call; ends once it is played and nothing is pending."""
+    from agent.events import EVENT_FRAMES, frame_event, trace_event
+    from agent.presets import new_session
+    from transports.file import FileCall
+
     finals: list[str] = []
     turns: list[dict] = []
 
@@ -45,28 +80,56 @@ async def run_clip(cfg: Config, models, path: Path) -> dict:
         elif ev["type"] == "trace":
             turns.append(ev)
 
-    pcm = read_audio(path)
+    if pcm is None:
+        pcm = read_audio(path)
+    session = new_session(cfg, models)
+    session.listen(lambda f: (ev := frame_event(f)) and on_event(ev), EVENT_FRAMES)
+    session.trace.listeners.append(lambda rec: on_event(trace_event(rec)))
+    stages = {s.name: s for s in session.pipeline.all_stages}
+    turn, llm = stages["turn"], stages["llm"]
+
+    def settled() -> bool:
+        return (session.offset >= len(pcm) + SAMPLE_RATE // 2 and session.trace.current is None
+                and not turn._ending and turn._open is None and not stages["asr"].busy)
+
     t0 = time.monotonic()
-    _, summary, _ = await play_call(cfg, models, pcm, True, on_event, tail_s=15.0)
-    return {"finals": finals, "turns": turns, "partial_lag_ms": summary.get("partial_lag_ms", []),
-            "wall_s": time.monotonic() - t0}
+    async with session:
+        call = asyncio.ensure_future(FileCall(pcm, fast=True, tail_s=15.0).run(session))
+        while not call.done():
+            await asyncio.sleep(0.05)
+            if settled():
+                call.cancel()
+                break
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    return {"finals": finals, "turns": turns,
+            "partial_lag_ms": session.summary.get("partial_lag_ms", []),
+            "wall_s": time.monotonic() - t0,
+            "tokens": llm.tokens_generated, "tokens_discarded": llm.tokens_discarded,
+            "speculations": llm.speculations, "adopted": llm.adopted,
+            "false_interrupts": turn.false_interrupts, "interrupts": turn.interrupts}
 
 
-async def main_async(args: argparse.Namespace, cfg: Config) -> dict:
-    manifest = [json.loads(x) for x in (DATA / "manifest.jsonl").read_text().splitlines() if x.strip()]
-    if args.only:
-        manifest = [m for m in manifest if m["id"].startswith(args.only)]
-    if args.limit:
-        manifest = manifest[: args.limit]
-    t = time.monotonic()
-    models = load_models(cfg)
-    print(f"models loaded in {time.monotonic() - t:.1f} s", flush=True)
-    freeze_after_warmup(cfg.runtime)
+def percentiles(xs: list[float]) -> dict:
+    a = np.asarray(xs)
+    return {"n": len(xs), "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95))}
+
+
+async def run_set(cfg: Config, models, manifest: list[dict], label: str,
+                  noise: np.ndarray | None = None, snr_db: float = 0.0) -> dict:
     spans: dict[str, list[float]] = {s: [] for s in SPANS}
     pairs_ls, pairs_all = [], []
     per_clip = []
+    tokens = discarded = specs = adopted = 0
     for i, m in enumerate(manifest, 1):
-        r = await run_clip(cfg, models, DATA / m["path"])
+        pcm = read_audio(DATA / m["path"])
+        if noise is not None:
+            pcm = mix_at_snr(pcm, noise, snr_db, seed=i)
+        r = await run_clip(cfg, models, pcm=pcm)
+        tokens += r["tokens"]
+        discarded += r["tokens_discarded"]
+        specs += r["speculations"]
+        adopted += r["adopted"]
         hyp = " ".join(r["finals"])
         pairs_all.append((m["text"], hyp))
         if m["id"].startswith("ls-"):
@@ -80,41 +143,91 @@ async def main_async(args: argparse.Namespace, cfg: Config) -> dict:
                if t.get("complete") and "voice_to_voice" in t["spans"]]
         clip_wer = corpus_wer([(m["text"], hyp)])
         per_clip.append({"id": m["id"], "wer": clip_wer, "v2v_ms": v2v, "wall_s": round(r["wall_s"], 2)})
-        print(f"[{i:>2}/{len(manifest)}] {m['id']:<44} WER {clip_wer:6.1%}  "
+        print(f"[{label} {i:>2}/{len(manifest)}] {m['id']:<44} WER {clip_wer:6.1%}  "
               f"v2v {', '.join(f'{x:.0f}' for x in v2v) or '-':<20} {r['wall_s']:.1f} s", flush=True)
-    table = {}
-    for k, xs in spans.items():
-        if xs:
-            a = np.asarray(xs)
-            table[k] = {"n": len(xs), "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95))}
     return {
-        "benchmark": "voice_turn",
-        "clips": len(manifest),
-        "asr": cfg.asr.backend, "llm": cfg.llm.backend, "tts": cfg.tts.backend,
         "wer_librispeech": corpus_wer(pairs_ls) if pairs_ls else None,
         "wer_all": corpus_wer(pairs_all),
         "ref_words_librispeech": sum(len(normalize(r)) for r, _ in pairs_ls),
-        "spans_ms": table,
+        "spans_ms": {k: percentiles(xs) for k, xs in spans.items() if xs},
+        "llm_tokens": tokens, "llm_tokens_discarded": discarded,
+        "preempt_waste": discarded / tokens if tokens else 0.0,
+        "speculations": specs, "adopted": adopted,
         "per_clip": per_clip,
     }
 
 
+async def main_async(args: argparse.Namespace, base: Config) -> dict:
+    manifest = [json.loads(x) for x in (DATA / "manifest.jsonl").read_text().splitlines() if x.strip()]
+    if args.only:
+        manifest = [m for m in manifest if m["id"].startswith(args.only)]
+    if args.limit:
+        manifest = manifest[: args.limit]
+    t = time.monotonic()
+    models = load_models(base)
+    print(f"models loaded in {time.monotonic() - t:.1f} s", flush=True)
+    freeze_after_warmup(base.runtime)
+    res: dict = {"benchmark": "voice_turn", "clips": len(manifest), "asr": base.asr.backend,
+                 "llm": base.llm.backend, "tts": base.tts.backend, "modes": {}}
+    for mode in args.modes:
+        res["modes"][mode] = await run_set(mode_config(base, mode), models, manifest, mode)
+    if args.noise:
+        noise = load_noise()
+        res["noise"] = {}
+        for snr in args.noise:
+            r = await run_set(mode_config(base, "semantic"), models, manifest, f"{snr:g} dB", noise, snr)
+            res["noise"][f"{snr:g}"] = {k: r[k] for k in ("spans_ms", "wer_all")}
+    if args.long_call:
+        res["long_call"] = await run_long_call(mode_config(base, "semantic"), models.llm,
+                                               turns=args.long_call)
+    return res
+
+
+def print_table(res: dict) -> None:
+    modes = res["modes"]
+    names = list(modes)
+    print(f"\n{'span':<18}" + "".join(f"{m + ' p50':>16}{m + ' p95':>16}" for m in names))
+    for k in SPAN_ORDER:
+        if any(k in modes[m]["spans_ms"] for m in names):
+            cells = "".join(
+                f"{modes[m]['spans_ms'][k]['p50']:>16.1f}{modes[m]['spans_ms'][k]['p95']:>16.1f}"
+                if k in modes[m]["spans_ms"] else f"{'-':>16}{'-':>16}" for m in names)
+            print(f"{k:<18}{cells}")
+    for m in names:
+        r = modes[m]
+        wl = r["wer_librispeech"]
+        print(f"{m}: WER all {r['wer_all']:.2%}" + (f", LibriSpeech {wl:.2%}" if wl is not None else "")
+              + f"; preemptive waste {r['preempt_waste']:.1%} of {r['llm_tokens']} LLM tokens "
+              f"({r['adopted']}/{r['speculations']} speculative replies adopted)")
+    if "noise" in res and "semantic" in modes:
+        clean = modes["semantic"]["spans_ms"].get("vad_eos", {}).get("p95")
+        for snr, r in res["noise"].items():
+            p95 = r["spans_ms"].get("vad_eos", {}).get("p95")
+            print(f"noise {snr} dB SNR: vad_eos p95 {p95:.0f} ms (clean {clean:.0f} ms, "
+                  f"+{p95 - clean:.0f} ms), WER {r['wer_all']:.2%}")
+    if "long_call" in res:
+        lc = res["long_call"]
+        print(f"long call: {json.dumps({k: v for k, v in lc.items() if not isinstance(v, list)})}")
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="clip id prefix, e.g. ls-")
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument("--noise", nargs="*", type=float, default=[20.0, 10.0],
+                    help="SNRs (dB) of the noisy runs, semantic mode (none: skip)")
+    ap.add_argument("--long-call", type=int, default=30, help="turns of the long call (0: skip)")
     ap.add_argument("--json-out")
     add_config_flags(ap)
     args = ap.parse_args()
     cfg = config_from_args(args)
     res = asyncio.run(main_async(args, cfg))
-    print(f"\n{'span':<18}{'n':>5}{'p50 ms':>10}{'p95 ms':>10}")
-    for k, v in res["spans_ms"].items():
-        print(f"{k:<18}{v['n']:>5}{v['p50']:>10.1f}{v['p95']:>10.1f}")
-    wl = res["wer_librispeech"]
-    print(f"WER LibriSpeech clips: {wl:.2%} ({res['ref_words_librispeech']} words)" if wl is not None else "")
-    print(f"WER all clips: {res['wer_all']:.2%}")
-    emit(res, args.json_out, line={k: v for k, v in res.items() if k != "per_clip"})
+    print_table(res)
+
+    def lean(r: dict) -> dict:
+        return {k: v for k, v in r.items() if k != "per_clip"}
+    emit(res, args.json_out, line={**res, "modes": {m: lean(r) for m, r in res["modes"].items()}})
     return 0
 
 

@@ -1,0 +1,229 @@
+"""Cut-offs against speed: how often endpointing ends a caller's turn inside a mid-sentence
+pause, beside how fast it answers complete utterances, for VAD-only endpointing at several
+silences and for semantic endpointing (the Smart Turn model), all in one run.
+
+The set: clips of ../shared/data/speech with at least 6 words. For each, one word boundary in
+the middle third of the sentence (not after punctuation; the shortest gap there, so the cut is
+inside fluent speech) is found with faster-whisper's word timestamps (tiny.en, int8); a pause of
+300-1,000 ms is inserted there, filled with the clip's own quietest 100 ms (its noise floor),
+tiled. Boundaries are cached in ``benchmarks/results/turn_cutoff_set.json``.
+
+Cut-off: the turn detector ends the turn (``UserTurnEnded``) while the caller is inside the
+inserted pause. That is stricter than "agent audio starts inside the pause": a turn that ends
+there makes the agent answer over the caller whether its audio starts before or after the
+caller goes on. The pause calls run VAD → ASR → turn detection only (real time, four calls at
+once, sharing one ASR engine as calls do); voice-to-voice is measured on the complete clips
+through the whole pipeline (``voice_turn.py``'s call, one at a time), from the caller's last
+speech frame to the first agent audio frame handed to the transport. Prints a table and one
+JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from emit import emit  # noqa: E402
+from voice_turn import run_clip  # noqa: E402
+
+from agent.audio import read_audio  # noqa: E402
+from agent.config import Config, add_config_flags, config_from_args  # noqa: E402
+from agent.frames import FRAME_SAMPLES, SAMPLE_RATE, Frame, UserTurnEnded  # noqa: E402
+from agent.pipeline import Pipeline  # noqa: E402
+from agent.presets import STAGES, load, load_models  # noqa: E402
+from agent.runtime import freeze_after_warmup  # noqa: E402
+from agent.session import Session  # noqa: E402
+from agent.trace import Trace  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "speech"
+SET_FILE = ROOT / "benchmarks" / "results" / "turn_cutoff_set.json"
+PAUSES_MS = (300, 500, 700, 1000)
+MIN_WORDS = 6
+
+
+def word_boundaries(manifest: list[dict]) -> dict[str, dict]:
+    """Per clip: the chosen boundary (sample) and its words, from Whisper word timestamps."""
+    if SET_FILE.is_file():
+        cached = json.loads(SET_FILE.read_text())
+        if all(m["id"] in cached for m in manifest):
+            return cached
+    from faster_whisper import WhisperModel
+
+    from stages.asr.whisper import embedded_model_dir
+
+    model = WhisperModel(str(embedded_model_dir()), device="cpu", compute_type="int8", cpu_threads=2)
+    out: dict[str, dict] = {}
+    for i, m in enumerate(manifest, 1):
+        pcm = read_audio(DATA / m["path"])
+        segs, _ = model.transcribe(pcm.astype(np.float32) / 32768, language="en", beam_size=1,
+                                   word_timestamps=True, vad_filter=False)
+        words = [w for s in segs for w in (s.words or [])]
+        entry: dict = {"words": len(words), "boundary": None}
+        if len(words) >= MIN_WORDS:
+            lo, hi = len(words) // 3, max(len(words) // 3 + 1, 2 * len(words) // 3)
+            options = [(words[k + 1].start - words[k].end, k) for k in range(lo, min(hi, len(words) - 1))
+                       if not words[k].word.strip().endswith((".", "?", "!", ",", ";", ":"))]
+            if options:
+                _, k = min(options)
+                cut = (words[k].end + words[k + 1].start) / 2
+                entry.update(boundary=int(cut * SAMPLE_RATE), before=words[k].word.strip(),
+                             after=words[k + 1].word.strip())
+        out[m["id"]] = entry
+        print(f"  words [{i}/{len(manifest)}] {m['id']}: {entry}", flush=True)
+    SET_FILE.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def noise_floor(pcm: np.ndarray, n: int) -> np.ndarray:
+    """``n`` samples of the clip's quietest 100 ms, tiled: a pause at the line's own noise."""
+    w = SAMPLE_RATE // 10
+    if len(pcm) < 2 * w:
+        return np.zeros(n, np.int16)
+    x = pcm.astype(np.float64)
+    energy = np.convolve(x * x, np.ones(w), "valid")[::w // 4]
+    start = int(np.argmin(energy)) * (w // 4)
+    quiet = pcm[start:start + w]
+    return np.resize(quiet, n).astype(np.int16)
+
+
+def with_pause(pcm: np.ndarray, at: int, ms: int) -> tuple[np.ndarray, int, int]:
+    n = ms * SAMPLE_RATE // 1000
+    out = np.concatenate([pcm[:at], noise_floor(pcm, n), pcm[at:]])
+    return out, at, at + n
+
+
+async def pause_call(cfg: Config, models, pcm: np.ndarray, lo: int, hi: int) -> dict:
+    """One call with an inserted pause through VAD → ASR → turn; where its turns ended."""
+    from transports.file import FileCall
+
+    vad_cfg = cfg.vad
+    scorer = models.turn if cfg.turn.mode == "semantic" else None
+    if scorer is not None:  # as build_pipeline does: the VAD stops at the short pause
+        vad_cfg = dataclasses.replace(vad_cfg, stop_ms=min(vad_cfg.stop_ms, cfg.turn.pause_ms))
+    stages = [
+        load(STAGES["vad"])(vad_cfg, model=models.vad.fork()),
+        load(STAGES["asr"])(models.asr, cfg.asr),
+        load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad_cfg.stop_ms, scorer=scorer),
+    ]
+    session = Session(Pipeline(stages), Trace())
+    ends: list[int] = []
+
+    def on(frame: Frame) -> None:
+        if isinstance(frame, UserTurnEnded):
+            ends.append(session.offset)
+
+    session.listen(on, frozenset({UserTurnEnded}))
+    async with session:
+        await FileCall(pcm, fast=True, tail_s=3.0).run(session)
+    inside = [e for e in ends if lo < e <= hi + FRAME_SAMPLES]
+    return {"ends": ends, "cut_off": bool(inside)}
+
+
+def config_for(base: Config, name: str) -> Config:
+    cfg = copy.deepcopy(base)
+    if name == "semantic":
+        cfg.turn.mode = "semantic"
+    else:
+        cfg.turn.mode = "vad"
+        cfg.turn.silence_ms = int(name.removeprefix("vad-"))
+    return cfg
+
+
+async def main_async(args: argparse.Namespace, base: Config) -> dict:
+    manifest = [json.loads(x) for x in (DATA / "manifest.jsonl").read_text().splitlines() if x.strip()]
+    bounds = word_boundaries(manifest)
+    items = []
+    for m in manifest:
+        b = bounds[m["id"]]
+        if b.get("boundary"):
+            pcm = read_audio(DATA / m["path"])
+            for ms in args.pauses:
+                items.append((m["id"], ms, *with_pause(pcm, b["boundary"], ms)))
+    if args.limit:
+        items = items[: args.limit * len(args.pauses)]
+    complete = [m for m in manifest if bounds[m["id"]].get("boundary")][: args.v2v_clips]
+    print(f"{len(items)} pause calls from {len(items) // len(args.pauses)} clips; "
+          f"{len(complete)} complete clips for voice-to-voice", flush=True)
+    t = time.monotonic()
+    semantic = config_for(base, "semantic")
+    models = load_models(semantic)
+    print(f"models loaded in {time.monotonic() - t:.1f} s", flush=True)
+    freeze_after_warmup(base.runtime)
+    rows = []
+    for name in args.configs:
+        cfg = config_for(base, name)
+        sem = asyncio.Semaphore(args.concurrency)
+        done = 0
+
+        async def one(item, cfg=cfg, sem=sem, name=name):  # noqa: ANN001, ANN202
+            nonlocal done
+            async with sem:
+                r = await pause_call(cfg, models, item[2], item[3], item[4])
+            done += 1
+            if done % 10 == 0 or done == len(items):
+                print(f"  {name}: pause calls {done}/{len(items)}", flush=True)
+            return {"id": item[0], "pause_ms": item[1], **r}
+
+        t = time.monotonic()
+        results = await asyncio.gather(*(one(it) for it in items))
+        pause_s = time.monotonic() - t
+        v2v: list[float] = []
+        for i, m in enumerate(complete, 1):
+            r = await run_clip(cfg, models, DATA / m["path"])
+            v2v += [x["spans"]["voice_to_voice"]["ms"] for x in r["turns"]
+                    if x.get("complete") and x["kind"] == "turn" and "voice_to_voice" in x["spans"]]
+            print(f"  {name}: v2v clip {i}/{len(complete)}", flush=True)
+        by_pause = {ms: float(np.mean([r["cut_off"] for r in results if r["pause_ms"] == ms]))
+                    for ms in args.pauses}
+        row = {
+            "config": name,
+            "cutoff_rate": float(np.mean([r["cut_off"] for r in results])) if results else None,
+            "cutoff_by_pause": by_pause,
+            "calls": len(results),
+            "v2v_p50_ms": float(np.percentile(v2v, 50)) if v2v else None,
+            "v2v_p95_ms": float(np.percentile(v2v, 95)) if v2v else None,
+            "v2v_turns": len(v2v),
+            "pause_calls_s": round(pause_s, 1),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"benchmark": "turn_cutoffs", "pauses_ms": list(args.pauses), "rows": rows,
+            "rule": "cut-off: UserTurnEnded while the caller is inside the inserted pause; "
+                    "v2v: last caller speech frame to first agent audio frame, complete clips"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=["vad-300", "vad-500", "vad-700", "vad-1000", "semantic"])
+    ap.add_argument("--pauses", nargs="+", type=int, default=list(PAUSES_MS))
+    ap.add_argument("--limit", type=int, help="clips for the pause calls")
+    ap.add_argument("--v2v-clips", type=int, default=20)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--json-out")
+    add_config_flags(ap)
+    args = ap.parse_args()
+    res = asyncio.run(main_async(args, config_from_args(args)))
+    print(f"\n{'config':<12}{'cut-offs':>10}" + "".join(f"{f'@{p}ms':>9}" for p in args.pauses)
+          + f"{'v2v p50':>10}{'v2v p95':>10}")
+    for r in res["rows"]:
+        cut = "".join(f"{r['cutoff_by_pause'][p]:>9.0%}" for p in args.pauses)
+        print(f"{r['config']:<12}{r['cutoff_rate']:>10.1%}{cut}{r['v2v_p50_ms'] or 0:>10.0f}"
+              f"{r['v2v_p95_ms'] or 0:>10.0f}")
+    emit(res, args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
