@@ -64,6 +64,9 @@ class ASRConfig:
     batching: bool = True  # off: one backend call per request (for comparison)
 
 
+TURN_MODES = ("semantic", "vad")
+
+
 @dataclass(slots=True)
 class TurnConfig:
     # semantic: the Smart Turn model judges each pause (end at once when it is confident, wait

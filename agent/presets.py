@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from agent.config import Config
+from agent.config import TURN_MODES, Config
 from agent.errors import ConfigError
 from agent.pipeline import Pipeline
 
@@ -72,8 +72,8 @@ class Models:
 def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Models:
     """Load and warm up the configured backends (slow: seconds)."""
     vad = load(STAGES["vad_model"])(cfg.vad)  # one session; each call forks its own state
-    if cfg.turn.mode not in ("semantic", "vad"):
-        raise ConfigError(f"turn.mode: expected semantic or vad, got {cfg.turn.mode!r}")
+    if cfg.turn.mode not in TURN_MODES:  # before any model loads, not at the first call
+        raise ConfigError(f"turn.mode: expected one of {', '.join(TURN_MODES)}, got {cfg.turn.mode!r}")
     backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
     llm = backend_class("llm", cfg.llm.backend)(cfg.llm) if need_llm else None
     tts = backend_class("tts", cfg.tts.backend)(cfg.tts) if need_tts else None

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from agent.config import TurnConfig, VADConfig
+from agent.config import TURN_MODES, TurnConfig, VADConfig
 from agent.errors import ConfigError
 from agent.frames import (
     SAMPLE_RATE,
@@ -48,7 +48,6 @@ COVER_SLACK = 512
 # silence after a short blip would count as speech before the VAD's SpeechPaused arrives.
 VAD_VERDICT_LAG = 512
 
-TURN_MODES = ("semantic", "vad")
 MODEL_SECONDS = 8  # the turn model hears at most the last 8 s of the caller's audio
 
 # What a transcript of a non-verbal sound looks like: nothing, punctuation, an annotation in
