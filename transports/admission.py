@@ -1,15 +1,24 @@
 """The one admission policy every call passes, whatever its path (browser WebSocket, WebRTC offer,
 Twilio's TwiML webhook and media stream): who may call (the token off loopback, Twilio's
-signature) and how many at once. Sans-I/O: a server hands in what a request says and turns a
-refusal into its HTTP answer; refusals are counted here, in one place.
+signature), from which page (the browser's ``Origin``, the ``Host`` it asked for) and how many at
+once (over all, and per client address). Sans-I/O: a server hands in what a request says and
+turns a refusal into its HTTP answer; refusals are counted here, in one place.
+
+Why the page checks: a browser lets any web site open a WebSocket or post a CORS-simple request
+to any address, this host's loopback included, with the visitor's cookies and network position
+(cross-site WebSocket hijacking). Its ``Origin`` says which site did; a foreign one is refused.
+DNS rebinding defeats that check (the attacker's name is made to resolve to 127.0.0.1, so the
+page is "same-origin"), but then the ``Host`` the browser sends is the attacker's name, not one
+of this server's: a server reachable only from this host answers only to loopback names.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 from agent.errors import ConfigError
 from transports.auth import TokenAuth, is_loopback
@@ -45,12 +54,13 @@ class CallRequest:
     query: Mapping[str, str]
     form: tuple[tuple[str, str], ...] = ()  # the POST parameters of a form-encoded body
     scheme: str = "http"  # "http" or "https" as this server saw it (used without a public URL)
+    peer: str = ""  # the client's address as the socket gives it ("" when unknown)
 
 
 @dataclass(slots=True, frozen=True)
 class Refusal:
-    status: int  # 401 no token, 403 no valid Twilio signature, 503 at the call limit
-    reason: str  # "token" | "signature" | "limit": the key it is counted under
+    status: int  # 401 no token; 403 bad signature, Origin or Host; 503/429 at a limit
+    reason: str  # a key of REFUSAL_REASONS: what it is counted under
     text: str  # the body: what went wrong and what to do
 
     @property
@@ -60,20 +70,37 @@ class Refusal:
         return self.reason == "limit"
 
 
+REFUSAL_REASONS = ("token", "signature", "origin", "host", "limit", "client_limit")
+
+
 class Ticket:
-    """A call's place within ``max_calls``. ``release`` gives it back; a second release is a
-    no-op, so every exit path of a call may release without bookkeeping."""
+    """A call's place within ``max_calls`` (and its client's within ``max_calls_per_client``).
+    ``release`` gives it back; a second release is a no-op, so every exit path of a call may
+    release without bookkeeping."""
 
-    __slots__ = ("_admission", "held")
+    __slots__ = ("_admission", "held", "client")
 
-    def __init__(self, admission: Admission | None) -> None:
+    def __init__(self, admission: Admission | None, client: str = "") -> None:
         self._admission = admission
         self.held = admission is not None
+        self.client = client  # the address counted against the per-client limit, "" if none
 
     def release(self) -> None:
         if self.held and self._admission is not None:
             self.held = False
-            self._admission.active -= 1
+            self._admission._release(self)
+
+
+def _hostname(authority: str) -> str:
+    """``host`` of ``host:port`` / ``[v6]:port``, lower-case; "" if it cannot be read."""
+    try:
+        return (urlsplit("//" + authority).hostname or "").lower()
+    except ValueError:  # a malformed bracket or port
+        return ""
+
+
+def is_loopback_name(name: str) -> bool:
+    return name == "localhost" or name.endswith(".localhost") or is_loopback(name)
 
 
 class Admission:
@@ -87,7 +114,16 @@ class Admission:
     auth token is given, Twilio's routes check the signature on loopback too.
 
     ``max_calls`` bounds the calls held at once over all routes (each holds an ASR slot and a
-    pipeline); a call beyond it is refused, never queued.
+    pipeline); a call beyond it is refused, never queued. ``max_calls_per_client`` bounds the
+    browser calls one client address holds (0: no bound); loopback clients are not counted,
+    since behind a reverse proxy on this host every call comes from loopback, and Twilio's
+    routes are not (every call comes from Twilio's few addresses, signed).
+
+    Browser routes check the page: an ``Origin`` header (browsers send one on every WebSocket
+    and cross-site POST; other clients need not) must be this server's own (the ``Host`` asked
+    for), the public URL's, or one of ``allowed_origins`` (``"*"``: any). A server that is not
+    exposed answers only to a ``Host`` that names loopback (``localhost``, ``127.0.0.1``,
+    ``[::1]``) or one of ``allowed_hosts``; behind a public URL its host is allowed as well.
     """
 
     def __init__(
@@ -97,6 +133,9 @@ class Admission:
         max_calls: int = 64,
         public_url: str = "",
         twilio_auth_token: str = "",
+        max_calls_per_client: int = 8,
+        allowed_origins: Iterable[str] = (),
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         if public_url and not public_url.startswith(("https://", "http://", "wss://", "ws://")):
             raise ConfigError(f"--public-url must be an https:// address such as "
@@ -105,9 +144,18 @@ class Admission:
         self.exposed = bool(public_url) or not is_loopback(host)
         self.auth = TokenAuth.for_host(host, token, public=bool(public_url))
         self.max_calls = max_calls
+        self.max_calls_per_client = max_calls_per_client
         self.twilio_auth_token = twilio_auth_token
+        self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
+        if public_url:  # the page is served from it: its origin and host are ours
+            parts = urlsplit(public_url.lower())
+            scheme = {"wss": "https", "ws": "http"}.get(parts.scheme, parts.scheme)
+            self.allowed_origins |= {f"{scheme}://{parts.netloc}"}
+            self.allowed_hosts |= {_hostname(parts.netloc)}
         self.active = 0
-        self.refused: dict[str, int] = {"token": 0, "signature": 0, "limit": 0}
+        self.per_client: Counter[str] = Counter()
+        self.refused: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
 
     # --- configuration -------------------------------------------------------------------------
     def require_twilio(self) -> None:
@@ -126,11 +174,18 @@ class Admission:
         """Admit ``request`` or say why not. A call admitted on a route that holds a place takes
         one at once (no await between the check and the taking, so the limit is exact); the
         shell releases the ticket when the call ends."""
-        refusal = self._authorise(request)
+        refusal = self._check_page(request) or self._authorise(request)
+        client = self._counted_client(request)
         if refusal is None and self.active >= self.max_calls:
             refusal = Refusal(
                 503, "limit",
                 f"the server is at its limit of {self.max_calls} calls; try again later\n",
+            )
+        if refusal is None and client and self.per_client[client] >= self.max_calls_per_client:
+            refusal = Refusal(
+                429, "client_limit",
+                f"this address already holds {self.max_calls_per_client} calls, the most one "
+                "client may; end one first\n",
             )
         if refusal is not None:
             self.refused[refusal.reason] += 1
@@ -138,11 +193,49 @@ class Admission:
         if not request.route.holds_place:
             return Ticket(None)
         self.active += 1
-        return Ticket(self)
+        if client:
+            self.per_client[client] += 1
+        return Ticket(self, client)
+
+    def _release(self, ticket: Ticket) -> None:
+        self.active -= 1
+        if ticket.client:
+            self.per_client[ticket.client] -= 1
+            if self.per_client[ticket.client] <= 0:
+                del self.per_client[ticket.client]
+
+    def _counted_client(self, request: CallRequest) -> str:
+        if (request.route.is_twilio or not self.max_calls_per_client or not request.peer
+                or is_loopback(request.peer)):
+            return ""
+        return request.peer
 
     @property
     def refused_total(self) -> int:
         return sum(self.refused.values())
+
+    def _check_page(self, request: CallRequest) -> Refusal | None:
+        """The browser routes' ``Host`` and ``Origin`` (see the class's docstring)."""
+        if request.route.is_twilio:
+            return None
+        host = request.headers.get("Host", "")
+        name = _hostname(host)
+        if host and not self.exposed and "*" not in self.allowed_hosts and not (
+            is_loopback_name(name) or name in self.allowed_hosts
+        ):
+            return Refusal(403, "host", (
+                f"this server answers only to its own names, not Host {host[:80]!r}; if that is "
+                "one of its names, start it with --allow-host NAME\n"))
+        origin = request.headers.get("Origin")
+        if origin is None or "*" in self.allowed_origins:
+            return None
+        norm = origin.rstrip("/").lower()
+        same = host and norm.partition("://")[2] == host.lower()
+        if not (same or norm in self.allowed_origins):
+            return Refusal(403, "origin", (
+                f"calls from pages at {origin[:80]!r} are not allowed here; to allow that site, "
+                "start the server with --allow-origin ORIGIN\n"))
+        return None
 
     def _authorise(self, request: CallRequest) -> Refusal | None:
         if not request.route.is_twilio:

@@ -17,21 +17,29 @@ from typing import Any
 from aiohttp import web
 
 from agent.session import Session
+from transports import jsonwire
 from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
 from transports.auth import TokenAuth, is_loopback
 from transports.websocket import codec
-from transports.websocket.call import WebSocketCall
+from transports.websocket.call import IDLE_TIMEOUT_S, WebSocketCall
 
 log = logging.getLogger("voxline.server")
 
 # the page is the `web` package's data, so an installed wheel serves it as a checkout does
 WEB_ROOT = Path(str(files("web")))
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer is a few KB
+# A connection must finish its request's headers within this (slow-loris clients hold a socket
+# each, forever otherwise); an idle keep-alive connection is closed after it too.
+HEADER_TIMEOUT_S = 15.0
+WS_GOING_AWAY = 1001  # the close code a call gets when the server stops
+# every call's WebSocket (the browser's and Twilio's media streams), closed when the app stops
+LIVE_SOCKETS = web.AppKey("voxline.live_sockets", set)
 
 SessionFactory = Callable[[], Session]
 
 _REFUSALS: dict[int, type[web.HTTPException]] = {
-    401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 503: web.HTTPServiceUnavailable,
+    401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 429: web.HTTPTooManyRequests,
+    503: web.HTTPServiceUnavailable,
 }
 
 
@@ -49,7 +57,11 @@ class VoiceServer:
     (``add_twilio_routes(server.app, session_factory, server.admission)``), passes one
     :class:`~transports.admission.Admission` built from ``host``, ``token``, ``max_calls``,
     ``public_url`` (the address Twilio or a browser reaches this server at, behind a proxy or a
-    tunnel) and ``twilio_auth_token``."""
+    tunnel), ``twilio_auth_token``, ``max_calls_per_client``, ``allowed_origins`` and
+    ``allowed_hosts``.
+
+    ``stop`` ends every live call — the browser's and Twilio's streams alike — with close code
+    1001 and a reason, so no call keeps the process alive after SIGTERM."""
 
     def __init__(
         self,
@@ -63,11 +75,19 @@ class VoiceServer:
         webrtc_ptime_ms: int | None = None,
         public_url: str = "",
         twilio_auth_token: str = "",
+        max_calls_per_client: int = 8,
+        allowed_origins: Sequence[str] = (),
+        allowed_hosts: Sequence[str] = (),
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         self.new_session = new_session
         self.host = host
         self.port = port
-        self.admission = Admission(host, token, max_calls, public_url, twilio_auth_token)
+        self.admission = Admission(host, token, max_calls, public_url, twilio_auth_token,
+                                   max_calls_per_client, allowed_origins, allowed_hosts)
+        self.header_timeout_s = header_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.web_root = web_root
         self.ice_servers = tuple(ice_servers)
         self.webrtc_ptime_ms = webrtc_ptime_ms
@@ -88,11 +108,14 @@ class VoiceServer:
             web.get("/healthz", self._health),
         ])
         app.router.add_static("/static/", self.web_root)
+        app[LIVE_SOCKETS] = set()
+        app.on_shutdown.append(_close_live_sockets)
         return app
 
     async def start(self) -> int:
         """Listen; returns the port (useful with ``port=0``)."""
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None,
+                                     keepalive_timeout=self.header_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -120,12 +143,9 @@ class VoiceServer:
 
     async def stop(self) -> None:
         for call in list(self.calls.values()):
-            if call is None:  # a call still being set up
-                continue
-            if hasattr(call, "ws"):
-                await call.ws.close()
-            else:
+            if call is not None and not isinstance(call, WebSocketCall):  # (None: setting up)
                 await call.close("server stopping")
+        await _close_live_sockets(self.app)  # the WebSocket calls, Twilio's streams too
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -149,10 +169,19 @@ class VoiceServer:
     def _admit(self, request: web.Request) -> Ticket:
         decision = self.admission.admit(CallRequest(
             Route.BROWSER, request.raw_path, request.headers, request.query, scheme=request.scheme,
+            peer=request.remote or "",
         ))
         if isinstance(decision, Refusal):
             raise refusal_error(decision)
         return decision
+
+    def _start_error(self, exc: Exception) -> str:
+        """What a caller is told when its call cannot start. An exposed server says no more
+        than that (the exception may name paths, hosts, models); on loopback the caller is the
+        operator, who is told why."""
+        if self.admission.exposed:
+            return "cannot start a call: the server could not (its log says why)"
+        return f"cannot start a call: {exc}"
 
     def _open_session(self) -> Session:
         session = self.new_session()
@@ -163,22 +192,25 @@ class VoiceServer:
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
         ticket = self._admit(request)
         try:
-            ws = web.WebSocketResponse(max_msg_size=codec.MAX_MESSAGE_BYTES, heartbeat=20.0)
+            ws = web.WebSocketResponse(max_msg_size=codec.MAX_WIRE_BYTES, heartbeat=20.0)
             await ws.prepare(request)
             try:
                 session = self._open_session()
             except Exception as exc:  # e.g. no free ASR slot
                 log.exception("could not start a call")
                 await ws.send_str(codec.encode_event(
-                    codec.error_event(f"cannot start a call: {exc}", True)))
+                    codec.error_event(self._start_error(exc), True)))
                 await ws.close()
                 return ws
-            call = WebSocketCall(ws, session)
+            call = WebSocketCall(ws, session, idle_timeout_s=self.idle_timeout_s)
             self.calls[session.id] = call
+            live: set[web.WebSocketResponse] = self.app[LIVE_SOCKETS]
+            live.add(ws)
             try:
                 stats = await call.run()
                 self.dropped_audio += stats.dropped_audio
             finally:
+                live.discard(ws)
                 self.calls.pop(session.id, None)
             return ws
         finally:
@@ -200,9 +232,12 @@ class VoiceServer:
         )
         from transports.webrtc.peer import WebRTCCall
 
-        try:
-            body = await request.json()
-        except ValueError:  # (a body over MAX_OFFER_BYTES is refused by aiohttp with 413)
+        if request.content_type != "application/json":  # text/plain would skip CORS preflight
+            raise web.HTTPUnsupportedMediaType(
+                text="the offer must be sent as Content-Type: application/json\n")
+        try:  # (a body over MAX_OFFER_BYTES is refused by aiohttp with 413)
+            body = jsonwire.loads(await request.read())
+        except ValueError:
             raise web.HTTPBadRequest(text="the offer must be JSON: {\"sdp\": …, \"type\": \"offer\"}\n") from None
         if (
             not isinstance(body, dict)
@@ -228,7 +263,14 @@ class VoiceServer:
             if not call.life.started:
                 log.exception("session %s: the call could not start", session.id)
                 await call.close("error")
-                raise web.HTTPInternalServerError(text=f"cannot start a call: {exc}\n") from None
+                raise web.HTTPInternalServerError(text=self._start_error(exc) + "\n") from None
             await call.close("bad offer")
-            raise web.HTTPBadRequest(text=f"cannot answer the offer: {exc}\n") from None
+            raise web.HTTPBadRequest(text=f"cannot answer the offer: {str(exc)[:200]}\n") from None
         return web.json_response({"sdp": answer.sdp, "type": answer.type, "session": session.id})
+
+
+
+async def _close_live_sockets(app: web.Application) -> None:
+    live: set[web.WebSocketResponse] = app[LIVE_SOCKETS]
+    for ws in list(live):
+        await ws.close(code=WS_GOING_AWAY, message=b"server stopping")

@@ -27,6 +27,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="token calls must present (?token=… or the X-Voxline-Token header)")
     p.add_argument("--max-calls", type=int, default=16, metavar="N",
                    help="calls served at once; more are refused (default 16)")
+    p.add_argument("--max-calls-per-client", type=int, default=8, metavar="N",
+                   help="browser calls one client address may hold at once; loopback clients "
+                        "(a local reverse proxy) are not counted; 0: no limit (default 8)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="another site whose pages may start calls here, as https://app.example "
+                        "(repeatable; '*' allows any). The server's own page always may")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a name this server answers to besides loopback's, when bound to "
+                        "loopback (repeatable; '*' any): other Host headers are refused, which "
+                        "stops DNS rebinding")
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
                    help="a STUN/TURN server for WebRTC (repeatable; default: none)")
     p.add_argument("--webrtc-ptime", type=int, choices=(10, 20), default=None, metavar="MS",
@@ -70,7 +80,9 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     server = VoiceServer(new_session, host=args.host, port=args.port, token=args.token,
                          max_calls=args.max_calls, ice_servers=args.ice_server,
                          webrtc_ptime_ms=args.webrtc_ptime, public_url=args.public_url,
-                         twilio_auth_token=args.twilio_auth_token)
+                         twilio_auth_token=args.twilio_auth_token,
+                         max_calls_per_client=args.max_calls_per_client,
+                         allowed_origins=args.allow_origin, allowed_hosts=args.allow_host)
     if args.twilio:
         from transports.twilio.mount import add_twilio_routes
 

@@ -93,3 +93,53 @@ def test_serve_mounts_twilio_beside_the_page():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_sigterm_with_a_live_twilio_stream_ends_it_and_exits_promptly():
+    # the review's finding: a live Twilio stream kept `voxline serve` alive for over 110 s
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from transports.twilio.messages import Connected, Media, Start
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--twilio",
+         "--tts-backend", "espeak"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if "Twilio:" in line or proc.poll() is not None:
+                break
+
+        async def call() -> tuple[int | None, float]:
+            async with connect(f"ws://127.0.0.1:{port}/twilio/media") as ws:
+                await ws.send(Connected().to_json())
+                await ws.send(Start("MZ1", "CA1", "AC" + "0" * 32, sequence=1).to_json())
+                for k in range(25):  # half a second of μ-law silence: the call is live
+                    await ws.send(Media("MZ1", b"\xff" * 160, k + 1, k * 20, sequence=k + 2)
+                                  .to_json())
+                    await asyncio.sleep(0.02)
+                proc.send_signal(15)
+                t0 = time.monotonic()
+                try:
+                    async with asyncio.timeout(30):
+                        while True:
+                            await ws.recv()
+                except ConnectionClosed:
+                    pass
+                return ws.close_code, time.monotonic() - t0
+
+        code, took = asyncio.run(call())
+        assert code == 1001 and took < 10
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)

@@ -37,7 +37,8 @@ def test_off_loopback_the_token_applies_to_browser_calls() -> None:
     refusal = admission.admit(CallRequest(Route.TWILIO_MEDIA, "/twilio/media?token=s3cret",
                                           {"Host": "h"}, {"token": "s3cret"}))
     assert isinstance(refusal, Refusal) and refusal.status == 403
-    assert admission.refused == {"token": 1, "signature": 1, "limit": 0}
+    assert admission.refused == {"token": 1, "signature": 1, "origin": 0, "host": 0,
+                                 "limit": 0, "client_limit": 0}
 
 
 def test_a_public_url_makes_a_loopback_server_exposed() -> None:
@@ -98,3 +99,66 @@ def test_the_limit_counts_every_route_and_tickets_give_places_back() -> None:
     first.release()  # a second release gives nothing back twice
     assert admission.active == 1
     assert isinstance(admission.admit(twilio(Route.TWILIO_MEDIA, "/twilio/media")), Ticket)
+
+
+def page(origin: str | None, host: str = "127.0.0.1:8080", peer: str = "") -> CallRequest:
+    headers = {"Host": host, **({"Origin": origin} if origin is not None else {})}
+    return CallRequest(Route.BROWSER, "/ws", headers, {}, peer=peer)
+
+
+def test_a_foreign_origin_is_refused_and_the_own_page_admitted() -> None:
+    admission = Admission("127.0.0.1")
+    for own in ("http://127.0.0.1:8080", "http://127.0.0.1:8080/", "HTTP://127.0.0.1:8080"):
+        assert isinstance(admission.admit(page(own)), Ticket), own
+    assert isinstance(admission.admit(page(None)), Ticket)  # no Origin: not a browser page
+    # cross-site WebSocket hijacking: another site's page, another port's, a sandboxed frame
+    for foreign in ("https://evil.example", "http://127.0.0.1:9999", "null",
+                    "http://127.0.0.1:8080.evil.example"):
+        refusal = admission.admit(page(foreign))
+        assert isinstance(refusal, Refusal) and refusal.status == 403, foreign
+        assert "--allow-origin" in refusal.text
+    assert admission.refused["origin"] == 4
+    allowed = Admission("127.0.0.1", allowed_origins=["https://app.example"])
+    assert isinstance(allowed.admit(page("https://app.example")), Ticket)
+    assert isinstance(Admission("127.0.0.1", allowed_origins=["*"]).admit(page("null")), Ticket)
+
+
+def test_a_loopback_server_answers_only_to_loopback_names() -> None:
+    # DNS rebinding: evil.example resolves to 127.0.0.1, the page is same-origin by its Host
+    admission = Admission("127.0.0.1")
+    for host in ("127.0.0.1:8080", "localhost:8080", "[::1]:8080", "LOCALHOST", "a.localhost"):
+        assert isinstance(admission.admit(page(None, host)), Ticket), host
+    for host in ("evil.example:8080", "127.0.0.1.evil.example", "[::1", "0.0.0.0:8080"):
+        refusal = admission.admit(page(f"http://{host}", host))
+        assert isinstance(refusal, Refusal) and refusal.reason == "host", host
+    assert isinstance(Admission("127.0.0.1", allowed_hosts=["box.lan"]).admit(
+        page("http://box.lan:8080", "box.lan:8080")), Ticket)
+    # behind a public URL its host and page are the server's own; off loopback any Host goes
+    # (the token guards it)
+    public = Admission("127.0.0.1", token="t", public_url="https://bot.example")
+    assert isinstance(public.admit(CallRequest(
+        Route.BROWSER, "/ws", {"Host": "bot.example", "Origin": "https://bot.example"},
+        {"token": "t"})), Ticket)
+    exposed = Admission("0.0.0.0", token="t")
+    assert isinstance(exposed.admit(CallRequest(
+        Route.BROWSER, "/ws", {"Host": "10.1.2.3:8080"}, {"token": "t"})), Ticket)
+
+
+def test_one_client_address_holds_at_most_its_share() -> None:
+    admission = Admission("0.0.0.0", token="t", max_calls=10, max_calls_per_client=2)
+
+    def call(peer: str) -> Ticket | Refusal:
+        return admission.admit(CallRequest(Route.BROWSER, "/ws", {}, {"token": "t"}, peer=peer))
+
+    a1, a2 = call("203.0.113.5"), call("203.0.113.5")
+    assert isinstance(a1, Ticket) and isinstance(a2, Ticket)
+    refusal = call("203.0.113.5")
+    assert isinstance(refusal, Refusal) and refusal.status == 429 and not refusal.busy
+    assert isinstance(call("198.51.100.7"), Ticket)  # another client is not held back
+    for _ in range(5):  # loopback (a local reverse proxy) is not counted
+        assert isinstance(call("127.0.0.1"), Ticket)
+    a1.release()
+    a1.release()  # twice: still one place back
+    assert isinstance(call("203.0.113.5"), Ticket)
+    assert admission.per_client["203.0.113.5"] == 2 and admission.refused["client_limit"] == 1
+    assert admission.active == 8

@@ -95,6 +95,12 @@ def test_outbound_round_trip(msg) -> None:
     '{"event":"start","start":{"streamSid":"x","tracks":"inbound"}}',
     '{"event":"dtmf","dtmf":{"digit":null}}',
     '{"event":"media","media":{"payload":"' + "A" * 70000 + '"}}',
+    # found by the security review: each ended the call with an unexpected exception
+    '{"event":"mark","sequenceNumber":Infinity,"streamSid":"x","mark":{"name":"a"}}',
+    '{"event":"mark","sequenceNumber":1e999,"streamSid":"x","mark":{"name":"a"}}',
+    '{"event":"mark","sequenceNumber":NaN,"streamSid":"x","mark":{"name":"a"}}',
+    '{"event":"media","media":' + "[" * 5000 + "]" * 5000 + "}",
+    b'{"event":"stop","streamSid":"\xff"}',
 ])
 def test_malformed_messages(raw: str) -> None:
     with pytest.raises(TwilioMessageError):

@@ -134,13 +134,20 @@ def test_bad_offers_are_refused_and_leave_nothing_behind(new_session, pool):
         await server.start()
         url = f"http://127.0.0.1:{server.port}/offer"
         async with aiohttp.ClientSession() as http:
-            for body in [b"{nope", b'{"type": "offer"}', b'{"sdp": "v=0", "type": "answer"}']:
-                r = await http.post(url, data=body, headers={"Content-Type": "application/json"})
+            json_type = {"Content-Type": "application/json"}
+            deep = b'{"sdp": ' + b"[" * 100_000 + b"]" * 100_000 + b', "type": "offer"}'
+            for body in [b"{nope", b'{"type": "offer"}', b'{"sdp": "v=0", "type": "answer"}',
+                         deep[:60_000], b'{"sdp": NaN, "type": "offer"}']:
+                r = await http.post(url, data=body, headers=json_type)
                 assert r.status == 400 and "offer" in await r.text()
             r = await http.post(url, json={"sdp": "this is not sdp", "type": "offer"})
             assert r.status == 400 and "cannot answer" in await r.text()
-            r = await http.post(url, data=b"x" * (1 << 20))
+            r = await http.post(url, data=b"x" * (1 << 20), headers=json_type)
             assert r.status == 413
+            # a CORS-simple request (text/plain skips the browser's preflight): refused
+            r = await http.post(url, data=b'{"sdp": "v=0", "type": "offer"}',
+                                headers={"Content-Type": "text/plain"})
+            assert r.status == 415 and "application/json" in await r.text()
         assert not server.calls and len(pool.free) == 64
         await server.stop()
 

@@ -62,3 +62,14 @@ def test_random_bytes_never_raise():
 def test_error_event_is_a_client_event():
     ev = codec.error_event("too big", fatal=True)
     assert ev == {"type": "error", "message": "too big", "stage": "transport", "fatal": True}
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 5000 + "]" * 5000,  # nests past the parser's recursion limit
+    '{"type": "ping", "t": ' + "[" * 2000 + "]" * 2000 + "}",
+    '{"type": "ping", "t": NaN}',
+    '{"type": "ping", "t": 1e999}',
+])
+def test_hostile_json_is_a_bad_message_not_an_exception(text: str) -> None:
+    m = codec.decode_text(text[: codec.MAX_TEXT_BYTES])
+    assert isinstance(m, codec.BadMessage) and "not valid JSON" in m.reason

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from agent.frames import Dtmf, Interrupt
 from agent.session import Session
 from transports.g711 import PCMU
-from transports.narrowband import NarrowbandCall, NarrowbandDecoder, NarrowbandPlayout
+from transports.narrowband import (
+    NARROWBAND_RATE,
+    NarrowbandCall,
+    NarrowbandDecoder,
+    NarrowbandPlayout,
+)
+from transports.ratelimit import AUDIO_BURST_S, AUDIO_SLACK, TokenBucket
 from transports.twilio.messages import (
     Clear,
     Connected,
@@ -45,6 +51,7 @@ class MarkRecord:
 @dataclass(slots=True)
 class TwilioCallStats:
     media_in: int = 0
+    media_dropped: int = 0  # caller media over the real-time rate (a client, not Twilio)
     media_out: int = 0
     sequence_gaps: int = 0
     clears: int = 0
@@ -74,6 +81,7 @@ class TwilioCall(NarrowbandCall):
         self._utterance = 0
         self._pending: dict[str, MarkRecord] = {}
         self._clear_due = False
+        self._inbound = TokenBucket(AUDIO_SLACK, AUDIO_BURST_S)  # seconds of audio a second
         session.listen(self._on_frame, frozenset({Interrupt}))
 
     def _interrupted(self) -> None:
@@ -99,6 +107,9 @@ class TwilioCall(NarrowbandCall):
             self._last_seq = seq
         if isinstance(msg, Media):
             if msg.track != "inbound" and msg.track != "inbound_track":
+                return
+            if not self._inbound.take(now_ns / 1e9, len(msg.payload) / NARROWBAND_RATE):
+                self.stats.media_dropped += 1  # Twilio sends in real time; this is not Twilio
                 return
             self.stats.media_in += 1
             pcm = self._decoder.decode(msg.payload)

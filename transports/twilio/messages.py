@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from transports import jsonwire
+
 # 20 ms of μ-law is 160 bytes (216 in base64); a second of audio in one message is the most we
 # accept, which bounds what one message can make us decode.
 MAX_MESSAGE_CHARS = 64 * 1024
@@ -161,8 +163,8 @@ def _load(text: str | bytes) -> dict[str, Any]:
     if len(text) > MAX_MESSAGE_CHARS:
         raise TwilioMessageError(f"message of {len(text)} characters is too large")
     try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = jsonwire.loads(text)
+    except ValueError as exc:
         raise TwilioMessageError(f"not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("event"), str):
         raise TwilioMessageError("not a Media Streams message (no 'event')")
@@ -189,7 +191,7 @@ def _int(d: dict[str, Any], key: str, default: int = 0) -> int:
         return default
     try:
         return int(value)  # Twilio sends sequence numbers, chunks and timestamps as strings
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TwilioMessageError(f"field '{key}' is not a number: {value!r}") from None
 
 

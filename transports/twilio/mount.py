@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from agent.errors import CapacityError
 from transports.admission import Admission, CallRequest, Refusal, Route
 from transports.twilio.call import TwilioCall
 from transports.twilio.server import SessionFactory, TwilioCallReport, handle_media_stream
@@ -56,7 +57,7 @@ def add_twilio_routes(
     token that lets it check Twilio's signatures."""
     from aiohttp import web
 
-    from transports.server import refusal_error
+    from transports.server import LIVE_SOCKETS, refusal_error
 
     admission.require_twilio()
 
@@ -86,11 +87,16 @@ def add_twilio_routes(
         ))
         if isinstance(decision, Refusal):
             raise refusal_error(decision)  # before the upgrade: Twilio sees the HTTP status
+        live: set[Any] = app.get(LIVE_SOCKETS, set())  # the server closes these when it stops
         try:
             ws = web.WebSocketResponse(max_msg_size=2**16)
             await ws.prepare(request)
+            live.add(ws)
             try:
                 report = await handle_media_stream(_AiohttpSocket(ws), session_factory, on_call)
+            except CapacityError as exc:  # refused for want of room: a line, not a traceback
+                log.warning("Twilio media stream refused: %s", exc)
+                report = None
             except Exception:
                 log.exception("Twilio media stream failed")
                 report = None
@@ -99,6 +105,7 @@ def add_twilio_routes(
             await ws.close()
             return ws
         finally:
+            live.discard(ws)
             decision.release()
 
     app.router.add_route("GET", twiml_path, twiml)

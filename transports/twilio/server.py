@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
+from agent.errors import CapacityError
 from agent.session import Session
 from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
 from transports.lifecycle import CallLifecycle
@@ -25,6 +26,8 @@ from transports.twilio.twiml import connect_stream_twiml, reject_twiml
 log = logging.getLogger("voxline.twilio")
 SessionFactory = Callable[[Start], Session | Awaitable[Session]]
 START_TIMEOUT_S = 10.0  # Twilio sends connected and start at once; anything slower is not Twilio
+# Twilio sends a media message every 20 ms for the whole call: a stream silent this long is dead
+IDLE_TIMEOUT_S = 30.0
 # an agent hang-up waits at most this long for Twilio to echo the marks of the audio it holds
 PLAYED_OUT_WAIT_S = 3.0
 
@@ -99,10 +102,16 @@ async def handle_media_stream(
         hangup = loop.create_task(_hang_up(ws, call, life))
         try:
             while not call.stopped:
-                msg = await next_message()
+                async with asyncio.timeout(IDLE_TIMEOUT_S):
+                    msg = await next_message()
                 call.receive(msg, time.monotonic_ns())
             if not call.hanging_up:
                 life.reason = "hangup"
+        except TimeoutError:
+            life.reason = "idle"
+            log.warning("stream %s: nothing received for %g s, closing it", call.stream_sid,
+                        IDLE_TIMEOUT_S)
+            await ws.close(1011, "no media")
         except (ConnectionError, _closed_errors()):
             pass
         finally:
@@ -242,6 +251,9 @@ class TwilioServer:
         ticket = self._tickets.pop(ws, None)
         try:
             report = await handle_media_stream(ws, self.session_factory, self.on_call)
+        except CapacityError as exc:  # refused for want of room: a line, not a traceback
+            log.warning("Twilio media stream refused: %s", exc)
+            return
         except Exception:
             log.exception("Twilio media stream failed")
             return

@@ -23,6 +23,7 @@ from agent.pacer import Pacer
 from agent.session import Session
 from transports.call_events import CallEvents, ready_event
 from transports.lifecycle import CallLifecycle
+from transports.ratelimit import audio_bucket
 from transports.websocket import codec
 from transports.websocket.outbox import Outbox
 
@@ -30,6 +31,10 @@ log = logging.getLogger("voxline.websocket")
 
 MAX_BAD_MESSAGES = 50  # a client that keeps sending garbage is cut off
 FLUSH_TIMEOUT_S = 2.0  # the most an agent hang-up waits for the outbox to reach the socket
+# The page sends audio all through a call (silence too); a client that sends nothing at all for
+# this long is gone or stuck, and its call's slot is given back.
+IDLE_TIMEOUT_S = 30.0
+FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 
 
 @dataclass(slots=True)
@@ -38,6 +43,7 @@ class CallStats:
     frames_out: int = 0
     bad_messages: int = 0
     dropped_audio: int = 0
+    dropped_inbound: int = 0  # caller frames over the real-time rate, dropped
     dropped_events: int = 0
     end_reason: str = ""
 
@@ -49,12 +55,16 @@ LEAD_FRAMES = 3
 
 
 class WebSocketCall:
-    def __init__(self, ws: web.WebSocketResponse, session: Session, outbox: Outbox | None = None):
+    def __init__(self, ws: web.WebSocketResponse, session: Session, outbox: Outbox | None = None,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S):
         self.ws = ws
         self.session = session
         self.outbox = outbox or Outbox()
         self.pacer = Pacer(session.playout, lead=LEAD_FRAMES)
         self.stats = CallStats()
+        self.idle_timeout_s = idle_timeout_s
+        self.inbound = audio_bucket(FRAME_S)
+        self._rate_told = -1.0  # when the client was last told its audio is too fast
 
     async def run(self) -> CallStats:
         """Serve the call until the client leaves; always closes the session."""
@@ -113,7 +123,14 @@ class WebSocketCall:
 
     async def _read(self, events: CallEvents) -> str:
         session = self.session
-        async for msg in self.ws:
+        while True:
+            try:
+                msg = await self.ws.receive(timeout=self.idle_timeout_s)
+            except TimeoutError:  # (said at once: the writer stops with this loop)
+                await self.ws.send_str(codec.encode_event(codec.error_event(
+                    f"nothing received for {self.idle_timeout_s:g} s: ending the call", True)))
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"idle")
+                return "idle"
             if msg.type is WSMsgType.BINARY:
                 m: codec.ClientMessage = codec.decode_audio(msg.data)
             elif msg.type is WSMsgType.TEXT:
@@ -122,12 +139,15 @@ class WebSocketCall:
                 # aiohttp reports a frame over max_msg_size here and closes the socket with 1009
                 events.emit(codec.error_event(f"connection error: {self.ws.exception()}", True))
                 return "error"
-            else:
-                break
+            else:  # closing, closed
+                return "disconnect"
             if isinstance(m, codec.AudioMessage):
                 now = time.monotonic_ns()
                 pcm = m.pcm
                 for i in range(0, len(pcm), FRAME_SAMPLES):
+                    if not self.inbound.take(now / 1e9):
+                        self._too_fast(events, now / 1e9)
+                        continue
                     session.send_audio(pcm[i : i + FRAME_SAMPLES], now)
                     self.stats.frames_in += 1
             elif isinstance(m, codec.ControlMessage):
@@ -143,7 +163,15 @@ class WebSocketCall:
                         code=WSCloseCode.POLICY_VIOLATION, message=b"too many bad messages"
                     )
                     return "bad messages"
-        return "disconnect"
+
+    def _too_fast(self, events: CallEvents, now_s: float) -> None:
+        """A frame over the real-time rate is dropped; the client hears why, once a second."""
+        self.stats.dropped_inbound += 1
+        if now_s - self._rate_told >= 1.0:
+            self._rate_told = now_s
+            events.emit(codec.error_event(
+                "audio arrives faster than real time: frames over the rate are dropped "
+                f"({self.stats.dropped_inbound} so far)"))
 
     async def _write(self) -> None:
         ws, playout = self.ws, self.session.playout

@@ -7,8 +7,8 @@ as an ``error`` event, so a bad packet can never take a server down.
 
 Limits, and the memory they bound: one audio message holds at most ``MAX_AUDIO_FRAMES`` frames
 (10 × 640 B = 6.4 KB, 200 ms); one text message at most ``MAX_TEXT_BYTES`` (4 KB). The shell
-passes ``MAX_MESSAGE_BYTES`` to the WebSocket library so larger frames are refused before they
-are even buffered.
+passes ``MAX_WIRE_BYTES`` (16 KB) to the WebSocket library so much larger frames are refused
+before they are even buffered.
 """
 
 from __future__ import annotations
@@ -19,10 +19,17 @@ from typing import Any
 
 import numpy as np
 
+from transports import jsonwire
+
 FRAME_BYTES = 640  # 20 ms of PCM16 at 16 kHz
 MAX_AUDIO_FRAMES = 10
 MAX_TEXT_BYTES = 4096
 MAX_MESSAGE_BYTES = FRAME_BYTES * MAX_AUDIO_FRAMES
+# What the WebSocket library may buffer of one message: a text message of MAX_TEXT_BYTES
+# characters is up to 4 bytes each in UTF-8, and the library refuses a message *as large as*
+# its limit, hence the byte more. Messages under it but over the codec's own limits get an
+# error event that says which limit; only larger ones are cut off (close 1009).
+MAX_WIRE_BYTES = 4 * MAX_TEXT_BYTES + 1
 
 # what a client may send as text; every other type is refused with an error event
 CLIENT_EVENTS = frozenset({"hello", "ping", "hangup"})
@@ -64,9 +71,9 @@ def decode_text(text: str) -> ControlMessage | BadMessage:
     if len(text) > MAX_TEXT_BYTES:
         return BadMessage(f"text message of {len(text)} characters: at most {MAX_TEXT_BYTES}")
     try:
-        obj = json.loads(text)
-    except ValueError:
-        return BadMessage("text message is not valid JSON")
+        obj = jsonwire.loads(text)
+    except ValueError as exc:
+        return BadMessage(f"text message is not valid JSON ({str(exc)[:60]})")
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         return BadMessage('text message must be a JSON object with a string "type"')
     kind = obj["type"]
