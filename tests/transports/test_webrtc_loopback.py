@@ -242,3 +242,36 @@ def test_audio_receivers_release_each_packet_as_it_arrives():
     assert buf.add(packet(106))[1].data == b"i"
     assert buf.add(packet(103))[1] is None  # too late: dropped, as aiortc drops misordered ones
     assert buf.add(packet(107))[1].data == b"j"
+
+
+class FloodTrack(SineTrack):
+    """A sender that does not pace: audio as fast as the sender's loop takes it."""
+
+    async def recv(self):
+        self.t0 = asyncio.get_running_loop().time() - self.pts / 48000  # never ahead: no wait
+        return await super().recv()
+
+
+def test_a_webrtc_sender_faster_than_real_time_is_held_to_it(new_session, pool):
+    async def main():
+        use_loopback_ice()
+        server = VoiceServer(new_session, port=0)
+        await server.start()
+        pc = RTCPeerConnection(rtc_configuration())
+        pc.createDataChannel("events")
+        pc.addTrack(FloodTrack())
+        status, answer = await _offer(server, pc)
+        assert status == 200
+        await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        call = next(iter(server.calls.values()))
+        await _wait(lambda: call.dropped_inbound > 200, timeout=20)
+        elapsed = loop.time() - t0
+        assert call.frames_in <= 100 + 1.25 * 50 * elapsed + 5
+        await pc.close()
+        await _wait(lambda: not server.calls)
+        assert len(pool.free) == 64
+        await server.stop()
+
+    asyncio.run(main())

@@ -22,9 +22,11 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessi
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from agent.frames import FRAME_SAMPLES, SAMPLE_RATE
 from agent.session import Session
 from transports.call_events import CallEvents, ready_event
 from transports.lifecycle import CallLifecycle
+from transports.ratelimit import audio_bucket
 from transports.webrtc.inbound import InboundAudio
 from transports.webrtc.track import PTIME_MS, PlayoutTrack, use_low_delay_opus
 from transports.websocket import codec
@@ -110,6 +112,8 @@ class WebRTCCall:
         self.events: CallEvents | None = None
         self.frames_in = 0
         self.dropped_events = 0
+        self.dropped_inbound = 0  # caller frames over the real-time rate, dropped
+        self.inbound_rate = audio_bucket(FRAME_SAMPLES / SAMPLE_RATE)
         self.bad_messages = 0
         self.end_reason = ""
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
@@ -223,6 +227,9 @@ class WebRTCCall:
                 return
             now = time.monotonic_ns()
             for pcm in inbound.feed(frame):
+                if not self.inbound_rate.take(now / 1e9):
+                    self.dropped_inbound += 1  # a sender faster than real time: not a browser
+                    continue
                 session.send_audio(pcm, now)
                 self.frames_in += 1
 
