@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -31,6 +32,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sip.add_argument("--media-address", default="", metavar="IP",
                      help="address put in the SDP answer (default: --host)")
     sip.add_argument("--max-calls", type=int, default=100, help="concurrent calls (default 100)")
+    sip.add_argument("--rtp-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="end a call (BYE) when the caller has sent no RTP for this long; "
+                          "0 never (default 30)")
+    sip.add_argument("--media-peers", default="", metavar="CIDR,...",
+                     help="networks an offer's SDP may name for its media besides the address "
+                          "the INVITE came from (a PBX or trunk with separate media servers); "
+                          "default: none, RTP goes only to the SIP peer's address")
+    sip.add_argument("--invite-rate", default="10/s", metavar="RATE",
+                     help="new INVITEs a second per source address (an IPv6 source by its "
+                          "/64); beyond it 503 with Retry-After; 0 no limit (default 10/s)")
+    sip.add_argument("--invite-burst", type=int, default=20, metavar="N",
+                     help="INVITEs a source may send at once, and calls it may have set up but "
+                          "not yet ACKed (default 20)")
+    sip.add_argument("--max-calls-per-source", type=int, default=0, metavar="N",
+                     help="calls one source address may hold at once; 0 no limit besides "
+                          "--max-calls (default: a trunk or PBX brings every call from one "
+                          "address)")
     _add_call_output_flags(sip, main_sip)
 
     tw = sub.add_parser(
@@ -64,13 +82,66 @@ def _add_call_output_flags(p: argparse.ArgumentParser, func: object) -> None:
     p.set_defaults(func=func)
 
 
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # isdigit() alone takes "²", which int() refuses
+
+
 def _port_range(text: str) -> tuple[int, int]:
     from agent.errors import ConfigError
 
     lo, sep, hi = text.partition("-")
-    if not sep or not lo.isdigit() or not hi.isdigit() or not 0 < int(lo) < int(hi) < 65536:
+    if not sep or not _digits(lo) or not _digits(hi) or not 0 < int(lo) < int(hi) < 65536:
         raise ConfigError(f"--rtp-ports: expected LO-HI such as 40000-40999, got {text!r}")
     return int(lo), int(hi)
+
+
+def _invite_rate(text: str) -> float:
+    from agent.errors import ConfigError
+
+    number = text.strip().removesuffix("/s")
+    try:
+        rate = float(number) if number.isascii() else -1.0
+    except ValueError:
+        rate = -1.0
+    if not 0 <= rate < 1e6:  # also refuses nan and inf
+        raise ConfigError(f"--invite-rate: expected INVITEs a second such as 10/s (0: no "
+                          f"limit), got {text!r}")
+    return rate
+
+
+def _networks(text: str) -> list[Any]:
+    import ipaddress
+
+    from agent.errors import ConfigError
+
+    nets = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            nets.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ConfigError(f"--media-peers: {part!r} is not an address or a network such as "
+                              "10.0.0.0/8") from None
+    return nets
+
+
+async def _until_signalled() -> str:
+    """Wait for SIGTERM or SIGINT (Ctrl-C); returns the signal's name. A second one, during the
+    shutdown that follows, acts as the default would (stops at once)."""
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[str] = loop.create_future()
+    sigs = (signal.SIGTERM, signal.SIGINT)
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not got.done():
+            got.set_result(sig.name)
+
+    for sig in sigs:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await got
+    finally:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
 
 
 class CallPrinter:
@@ -148,9 +219,15 @@ def main_sip(args: argparse.Namespace) -> int:
 
 
 async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
+    from agent.errors import ConfigError
     from transports.sip.server import SipServer
 
     rtp_ports = _port_range(args.rtp_ports)
+    media_peers = _networks(args.media_peers)
+    invite_rate = _invite_rate(args.invite_rate)
+    if args.invite_burst < 1 or args.max_calls_per_source < 0 or args.rtp_timeout < 0:
+        raise ConfigError("--invite-burst must be at least 1; --max-calls-per-source and "
+                          "--rtp-timeout at least 0")
     printer = CallPrinter(args.json)
     models = _load(cfg)
     server = SipServer(
@@ -161,15 +238,23 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
         on_end=lambda r: printer.emit(r.summary.get("session", r.call_id), {
             "type": "call", "state": "ended", "reason": r.reason,
             "seconds": round(r.seconds, 1), "jitter": r.jitter,
-            "malformed_rtp": r.media.malformed, "dtmf": r.media.dtmf}),
+            "malformed_rtp": r.media.malformed, "dtmf": r.media.dtmf,
+            "rtp_dropped": {"foreign": r.media.foreign, "stray_ssrc": r.media.stray_ssrc},
+            "rtp_send_errors": r.media.send_errors}),
+        media_peers=media_peers, invite_rate=invite_rate, invite_burst=args.invite_burst,
+        max_calls_per_source=args.max_calls_per_source, rtp_timeout_s=args.rtp_timeout,
     )
     host, port = await server.start()
     print(f"voxline sip: listening on udp {host}:{port} (RTP {args.rtp_ports}); Ctrl-C stops",
           file=sys.stderr, flush=True)
     try:
-        await asyncio.Event().wait()
+        sig = await _until_signalled()
+        print(f"voxline sip: {sig}: ending {len(server.calls)} call(s), refusing new ones",
+              file=sys.stderr, flush=True)
     finally:
-        await server.stop()
+        await server.stop()  # new INVITEs 503; live calls get a BYE and their end records
+    print(f"voxline sip: stopped after {len(server.reports)} call(s)", file=sys.stderr,
+          flush=True)
     return 0
 
 
@@ -199,7 +284,13 @@ async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
           f"GET http://{host}:{port}{server.twiml_path}; Ctrl-C stops", file=sys.stderr,
           flush=True)
     try:
-        await asyncio.Event().wait()
+        sig = await _until_signalled()
+        print(f"voxline twilio: {sig}: closing {server.active} media stream(s), refusing new "
+              "ones", file=sys.stderr, flush=True)
     finally:
+        # stops listening, then closes every live stream (1001, going away): each call's
+        # session closes and its end record is printed before this returns
         await server.stop()
+    print(f"voxline twilio: stopped after {len(server.reports)} call(s)", file=sys.stderr,
+          flush=True)
     return 0

@@ -2,6 +2,12 @@
 caller's packets (G.711 through the jitter buffer into the session, RFC 4733 DTMF), and
 ``tick(now)`` returns the datagrams due by ``now`` on the shared pacer's 20 ms schedule.
 Malformed packets are dropped and counted; nothing a peer sends can raise out of here.
+
+Given the offer's ``remote`` address, packets are taken only from the source the
+:class:`~transports.rtp.latch.PeerLatch` admits. Within that source each kind of stream (the
+audio, the telephone-events) keeps its SSRC: a packet with another SSRC is dropped and counted
+unless the current one has been quiet for ``SSRC_QUIET_NS`` (a transfer or a re-INVITE starts
+a new stream after the old one stops; a stream that is still sending is never taken over).
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ from transports.narrowband import (
 )
 from transports.rtp.dtmf import DtmfParseError, DtmfReceiver
 from transports.rtp.jitterbuffer import JitterBuffer
+from transports.rtp.latch import PeerLatch
 from transports.rtp.packet import Packetizer, RtpParseError, parse_rtp
 
 # Callers stop sending RTP during silence (silence suppression, DTX, a stream that ended), but
 # the VAD only ends a turn after hearing silence; when no caller audio has come for this long,
 # the call feeds silence at the packet rate so the media clock, and the turn, go on.
 FILL_SILENCE_AFTER_NS = 100_000_000
+# a new SSRC replaces the current one only after the current one sent nothing for this long
+SSRC_QUIET_NS = 500_000_000
+Address = tuple[str, int]
 
 
 @dataclass(slots=True)
@@ -38,12 +48,38 @@ class MediaStats:
     late_ticks: int = 0  # pacing ticks that ran more than one packet late
     resyncs: int = 0  # pacing stalls long enough that the schedule restarted
     silence_filled: int = 0  # 20 ms frames of silence fed while the caller sent no audio
+    foreign: int = 0  # datagrams from a source other than the caller's (dropped)
+    stray_ssrc: int = 0  # packets of another SSRC while the caller's was active (dropped)
+    ssrc_changes: int = 0  # new SSRCs taken after the old one went quiet
+    send_errors: int = 0  # packets the socket refused to send
     dtmf: str = ""
+
+
+class SsrcLock:
+    """One stream kind's SSRC: the first one heard, replaced only once it has gone quiet."""
+
+    __slots__ = ("ssrc", "last_ns")
+
+    def __init__(self) -> None:
+        self.ssrc: int | None = None
+        self.last_ns = 0
+
+    def check(self, ssrc: int, now_ns: int) -> int:
+        """1: the current SSRC; 2: a new one taken over; 0: a stranger, to drop."""
+        if ssrc == self.ssrc:
+            self.last_ns = now_ns
+            return 1
+        if self.ssrc is None or now_ns - self.last_ns >= SSRC_QUIET_NS:
+            first = self.ssrc is None
+            self.ssrc, self.last_ns = ssrc, now_ns
+            return 1 if first else 2
+        return 0
 
 
 class RtpCall(NarrowbandCall):
     """``send_silence``: quiet packet times carry comfort silence (False: the RTP clock skips
-    them, a pause rather than a loss to the receiver)."""
+    them, a pause rather than a loss to the receiver). ``remote``: the offer's address; with
+    it, only the caller's source is listened to (see the module docstring)."""
 
     def __init__(
         self,
@@ -52,6 +88,7 @@ class RtpCall(NarrowbandCall):
         dtmf_payload_type: int | None = 101,
         send_silence: bool = True,
         jitter_depth: int = 4,
+        remote: Address | None = None,
     ) -> None:
         self.session = session
         self.codec = codec
@@ -63,7 +100,10 @@ class RtpCall(NarrowbandCall):
         self._decoder = NarrowbandDecoder(codec)
         self._outbound = NarrowbandPlayout(session.playout, codec)
         self._packetizer = Packetizer(codec.payload_type)
-        self._ssrc_in: int | None = None
+        self.latch = PeerLatch(remote) if remote is not None else None
+        self._audio_ssrc = SsrcLock()
+        self._event_ssrc = SsrcLock()
+        self.last_packet_ns = 0  # the caller's last packet we took (0: none yet)
         self._silence = bytes([codec.silence]) * PACKET_SAMPLES
         self._talking = False
         self._last_audio_ns = 0
@@ -74,7 +114,23 @@ class RtpCall(NarrowbandCall):
         session.listen(self._on_frame, frozenset({Interrupt}))
 
     # --- caller → us -------------------------------------------------------------------------
-    def receive(self, data: bytes, now_ns: int) -> None:
+    @property
+    def target(self) -> Address | None:
+        """Where our packets go: the latched source, else the offer's address."""
+        return self.latch.target if self.latch is not None else None
+
+    def retarget(self, remote: Address) -> None:
+        """The caller's media moved (a re-INVITE): a new latch, and a new stream to hear."""
+        self.latch = PeerLatch(remote)
+        self._audio_ssrc, self._event_ssrc = SsrcLock(), SsrcLock()
+        self.jitter = JitterBuffer(depth=self.jitter.depth)
+        self.dtmf = DtmfReceiver()
+
+    def receive(self, data: bytes, now_ns: int, source: Address | None = None) -> None:
+        latch = self.latch
+        if latch is not None and source is not None and not latch.admits(source):
+            self.stats.foreign += 1
+            return
         try:
             pkt = parse_rtp(data)
         except RtpParseError:
@@ -85,27 +141,43 @@ class RtpCall(NarrowbandCall):
             if self.echo_payloads is not None:
                 self.echo_payloads.append(pkt.payload)
             return
+        pt = pkt.payload_type
+        audio = pt == self.codec.payload_type
+        if not audio and pt != self.dtmf_payload_type:
+            self.stats.unknown_payload += 1
+            return
+        new_stream = False
+        if latch is not None and source is not None and latch.seen(source):
+            self._audio_ssrc, self._event_ssrc = SsrcLock(), SsrcLock()
+            new_stream = True
+        verdict = (self._audio_ssrc if audio else self._event_ssrc).check(pkt.ssrc, now_ns)
+        if not verdict:
+            self.stats.stray_ssrc += 1
+            return
+        if verdict == 2:  # the old stream went quiet and a new one began (transfer, re-INVITE)
+            self.stats.ssrc_changes += 1
+            new_stream = True
         self.stats.packets_in += 1
-        if pkt.payload_type == self.codec.payload_type:
-            if pkt.ssrc != self._ssrc_in:  # a new source (re-INVITE, another leg): start over
-                self._ssrc_in = pkt.ssrc
+        self.last_packet_ns = now_ns
+        if audio:
+            if new_stream:  # its sequence numbers start over
                 self.jitter = JitterBuffer(depth=self.jitter.depth)
             self._last_audio_ns = now_ns
             for payload in self.jitter.push(pkt.sequence, pkt.payload):
                 pcm = self._decoder.decode(payload) if payload else self._decoder.conceal()
                 if len(pcm):
                     self.session.send_audio(pcm, now_ns)
-        elif pkt.payload_type == self.dtmf_payload_type:
-            try:
-                presses = self.dtmf.feed(pkt.timestamp, pkt.payload)
-            except DtmfParseError:
-                self.stats.malformed += 1
-                return
-            for press in presses:
-                self.stats.dtmf += press.digit
-                self.session.push(Dtmf(press.digit, duration_ms=press.duration_ms))
-        else:
-            self.stats.unknown_payload += 1
+            return
+        if new_stream:
+            self.dtmf = DtmfReceiver()
+        try:
+            presses = self.dtmf.feed(pkt.timestamp, pkt.payload)
+        except DtmfParseError:
+            self.stats.malformed += 1
+            return
+        for press in presses:
+            self.stats.dtmf += press.digit
+            self.session.push(Dtmf(press.digit, duration_ms=press.duration_ms))
 
     # --- us → caller -------------------------------------------------------------------------
     def tick(self, now_ns: int) -> list[bytes]:

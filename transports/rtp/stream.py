@@ -1,12 +1,15 @@
 """The asyncio shell of one call's media: a UDP socket around the sans-I/O
 :class:`~transports.rtp.call.RtpCall`. Datagrams go into the call as they arrive; a sender task
 sleeps until the call's next packet time and sends what its ``tick`` returns.
+
+Nothing the peer or the network does can stop a call from ending cleanly: a packet the socket
+refuses to send is counted (``send_errors``), and :meth:`RtpMediaStream.close` always closes the
+socket and never raises, whatever became of the sender task.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -33,7 +36,9 @@ class RtpMediaStream(asyncio.DatagramProtocol):
     ) -> None:
         self.session = session
         self.remote = remote
-        self.call = RtpCall(session, codec, dtmf_payload_type, send_silence, jitter_depth)
+        self.call = RtpCall(session, codec, dtmf_payload_type, send_silence, jitter_depth,
+                            remote=remote)
+        self.started_ns = 0  # when sending began (the call was ACKed); 0: not yet
         self._transport: asyncio.DatagramTransport | None = None
         self._sender: asyncio.Task[None] | None = None
 
@@ -71,29 +76,63 @@ class RtpMediaStream(asyncio.DatagramProtocol):
         log.debug("rtp socket error: %s", exc)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.call.receive(data, time.monotonic_ns())
+        self.call.receive(data, time.monotonic_ns(), addr)
+
+    def retarget(self, remote: tuple[str, int]) -> None:
+        """The caller's media moved (a re-INVITE): listen to and send to ``remote`` now."""
+        self.remote = remote
+        self.call.retarget(remote)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """What ended the sender task, when something other than :meth:`close` did."""
+        sender = self._sender
+        if sender is None or not sender.done() or sender.cancelled():
+            return None
+        return sender.exception()
+
+    def silent_ns(self, now_ns: int) -> int:
+        """How long the caller has sent us nothing (since sending began, when it never has);
+        0 before the call is started."""
+        if not self.started_ns:
+            return 0
+        return now_ns - max(self.started_ns, self.call.last_packet_ns)
 
     # --- sending -----------------------------------------------------------------------------
     def start(self) -> None:
         if self._sender is None:
+            self.started_ns = time.monotonic_ns()
             self._sender = asyncio.get_running_loop().create_task(self._send_loop())
 
     async def _send_loop(self) -> None:
-        call = self.call
+        call, stats = self.call, self.call.stats
         while True:
             packets = call.tick(time.monotonic_ns())
             transport = self._transport
             if transport is not None and not transport.is_closing():
+                target = call.target or self.remote
                 for data in packets:
-                    transport.sendto(data, self.remote)
+                    try:
+                        transport.sendto(data, target)
+                    except (OSError, ValueError, TypeError) as err:
+                        # an address the socket cannot use: the call goes on (and ends by
+                        # BYE or the RTP timeout); only the first failure is logged
+                        if not stats.send_errors:
+                            log.warning("rtp: cannot send to %s: %s", target, err)
+                        stats.send_errors += 1
             await asyncio.sleep(call.delay(time.monotonic_ns()))
 
     async def close(self) -> None:
-        if self._sender is not None:
-            self._sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sender
-            self._sender = None
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        """Stop sending and close the socket; never raises (what the sender died of is
+        logged), so the caller's session close always follows."""
+        sender, self._sender = self._sender, None
+        try:
+            if sender is not None:
+                sender.cancel()
+                (result,) = await asyncio.gather(sender, return_exceptions=True)
+                if isinstance(result, Exception):
+                    log.error("rtp sender had failed: %r", result)
+        finally:
+            if self._transport is not None:
+                self._transport.close()
+                self._transport = None

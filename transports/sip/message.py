@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from transports.sip.digits import decimal
+
 # 16 KiB: a generous INVITE with a large SDP is ~2 KiB; the cap bounds what one datagram may
 # make us allocate and parse, and bigger requests get 513 as RFC 3261 §21.5.14 intends.
 MAX_MESSAGE_BYTES = 16 * 1024
@@ -73,10 +75,8 @@ class SipMessage:
     def cseq(self) -> tuple[int, str]:
         """(number, method) of the CSeq header; (0, "") when absent or unreadable."""
         num, _, method = self.header("CSeq").strip().partition(" ")
-        try:
-            return int(num), method.strip()
-        except ValueError:
-            return 0, ""
+        n = decimal(num)
+        return (n, method.strip()) if n is not None else (0, "")
 
     def to_bytes(self) -> bytes:
         """Serialize with CRLF line ends and a Content-Length that matches the body."""
@@ -131,9 +131,10 @@ def parse_sip(data: bytes) -> SipMessage:
     if parts[0].startswith("SIP/"):
         if parts[0] != SIP_VERSION:
             raise SipParseError(505, "Version Not Supported")
-        if not (len(parts[1]) == 3 and parts[1].isdigit()) or not 100 <= int(parts[1]) <= 699:
+        code = decimal(parts[1], max_digits=3)
+        if code is None or not 100 <= code <= 699:
             raise SipParseError(400, "Bad Request (bad status code)")
-        msg.status, msg.reason = int(parts[1]), parts[2]
+        msg.status, msg.reason = code, parts[2]
     else:
         method, uri, version = parts
         if not _is_token(method) or not method.isupper():
@@ -180,9 +181,9 @@ def _check_length(msg: SipMessage, body: bytes) -> None:
     if not raw:
         msg.body = body  # allowed over UDP: the datagram ends the body
         return
-    if not raw.isdigit():
+    n = decimal(raw)
+    if n is None:
         raise SipParseError(400, "Bad Request (Content-Length is not a number)", msg)
-    n = int(raw)
     if n > len(body):
         # RFC 3261 §18.3: a datagram that ends before the body does is an error
         raise SipParseError(400, "Bad Request (Content-Length larger than the body)", msg)
@@ -197,8 +198,20 @@ def _check_request(msg: SipMessage) -> None:
     if num <= 0 or num >= 2**31 or method != msg.method:
         raise SipParseError(400, "Bad Request (CSeq does not match the request)", msg)
     mf = msg.header("Max-Forwards")
-    if mf and not mf.isdigit():
+    if mf and decimal(mf) is None:
         raise SipParseError(400, "Bad Request (Max-Forwards is not a number)", msg)
+
+
+def header_tag(value: str) -> str:
+    """The ``tag`` parameter of a From or To header value (``""`` when it has none). Only the
+    parameters after the address count: a ``;tag=`` inside ``<...>`` belongs to the URI."""
+    _, bracket, rest = value.rpartition(">")
+    params = rest if bracket else value
+    for param in params.split(";")[1:]:
+        name, _, arg = param.partition("=")
+        if name.strip().lower() == "tag":
+            return arg.strip()
+    return ""
 
 
 def response_to(request: SipMessage, status: int, reason: str, to_tag: str = "",
@@ -208,7 +221,7 @@ def response_to(request: SipMessage, status: int, reason: str, to_tag: str = "",
     headers = [(k, v) for k, v in request.headers if k in ("Via", "Record-Route")]
     for name in ("From", "To", "Call-ID", "CSeq"):
         value = request.header(name)
-        if name == "To" and to_tag and value and ";tag=" not in value.lower():
+        if name == "To" and to_tag and value and not header_tag(value):
             value = f"{value};tag={to_tag}"
         if value:
             headers.append((name, value))

@@ -3,19 +3,24 @@ pick PCMU or PCMA and telephone-event, and write our answer."""
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from dataclasses import dataclass, field
+
+from transports.sip.digits import decimal
 
 STATIC_CODECS = {0: "PCMU", 8: "PCMA"}
 
 
 class SdpError(ValueError):
-    """The offer cannot be answered (no audio stream, no codec in common): a 488."""
+    """The offer cannot be answered (no audio stream, no codec in common, a malformed number,
+    an address we cannot send to): a 488. Its text names the offending field, for the
+    answer's Warning header."""
 
 
 @dataclass(slots=True, frozen=True)
 class MediaOffer:
-    address: str
+    address: str  # a numeric unicast address, in its canonical form ("::1", never "0::1")
     port: int
     payload_types: tuple[int, ...]
     rtpmap: dict[int, str] = field(default_factory=dict)  # pt -> "PCMU/8000"
@@ -59,33 +64,65 @@ def parse_offer(body: bytes) -> MediaOffer:
             media = fields
         elif kind == "c":
             fields = value.split()
-            if len(fields) >= 3 and fields[0] == "IN" and fields[1] in ("IP4", "IP6"):
+            if len(fields) >= 3 and fields[0] == "IN":
                 if media is None:
-                    session_addr = fields[2].split("/")[0]
+                    session_addr = value
                 else:
-                    addr = fields[2].split("/")[0]
+                    addr = value
         elif kind == "a" and media is not None:
             name, _, arg = value.partition(":")
             if name == "rtpmap":
                 pt, _, enc = arg.partition(" ")
-                if pt.isdigit():
-                    rtpmap[int(pt)] = enc.strip()
-            elif name == "ptime" and arg.strip().isdigit():
-                ptime = int(arg.strip())
+                number = decimal(pt, max_digits=3)
+                if number is None:
+                    raise SdpError(f"bad payload type {pt[:16]!r} in a=rtpmap")
+                rtpmap[number] = enc.strip()
+            elif name == "ptime":
+                number = decimal(arg.strip(), max_digits=4)
+                if number is None:
+                    raise SdpError(f"bad a=ptime {arg.strip()[:16]!r}")
+                ptime = number
     if media is None:
         raise SdpError("no audio stream in the offer")
-    if not media[1].split("/")[0].isdigit():
-        raise SdpError(f"bad media port {media[1]!r}")
-    port = int(media[1].split("/")[0])
+    port = decimal(media[1].split("/")[0], max_digits=5)
+    if port is None:
+        raise SdpError(f"bad media port {media[1][:16]!r}")
     if not 0 < port < 65536:
         raise SdpError("the audio stream is disabled (port 0) or out of range")
     if not media[2].startswith("RTP/AVP"):
-        raise SdpError(f"unsupported media profile {media[2]} (only RTP/AVP; no SRTP yet)")
-    pts = tuple(int(p) for p in media[3:] if p.isdigit() and int(p) < 128)
-    address = addr or session_addr
-    if not address:
+        raise SdpError(f"unsupported media profile {media[2][:16]} (only RTP/AVP; no SRTP yet)")
+    pts: list[int] = []
+    for p in media[3:]:
+        number = decimal(p, max_digits=3)
+        if number is None:
+            raise SdpError(f"bad payload type {p[:16]!r} in m=audio")
+        if number < 128:
+            pts.append(number)
+    connection = addr or session_addr
+    if not connection:
         raise SdpError("no connection address (c=) in the offer")
-    return MediaOffer(address, port, pts, rtpmap, ptime)
+    return MediaOffer(connection_address(connection), port, tuple(pts), rtpmap, ptime)
+
+
+def connection_address(value: str) -> str:
+    """The address of a ``c=`` line's value (``IN IP4 192.0.2.1``) in canonical form. Only a
+    numeric unicast address of the declared type will do: a name (``localhost``) would need a
+    DNS lookup on the event loop and makes ``sendto`` fail; ``0.0.0.0`` (RFC 2543 hold) and
+    multicast cannot receive a call's audio."""
+    fields = value.split()
+    if len(fields) < 3 or fields[1] not in ("IP4", "IP6"):
+        raise SdpError(f"unsupported connection line c={value[:48]!r} (IN IP4 or IN IP6)")
+    text = fields[2].split("/")[0]
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        raise SdpError(f"connection address {text[:48]!r} is not a numeric IP address") from None
+    if ip.version != (4 if fields[1] == "IP4" else 6):
+        raise SdpError(f"connection address {text[:48]!r} is not an {fields[1]} address")
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise SdpError(f"connection address {text[:48]!r} cannot receive audio "
+                       "(unspecified, multicast or broadcast)")
+    return str(ip)
 
 
 @dataclass(slots=True, frozen=True)

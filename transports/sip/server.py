@@ -1,29 +1,40 @@
 """The asyncio UDP shell around the sans-I/O ``UserAgentServer``: one SIP socket for every call,
 one RTP socket and one ``Session`` per call, created on INVITE and freed on BYE or CANCEL, or
-when the agent hangs up (a BYE of ours, once its last words have played)."""
+when the agent hangs up (a BYE of ours, once its last words have played), or when the caller's
+RTP stops for ``rtp_timeout_s``, or at shutdown. However a call ends — whatever its media task
+raised — its session is closed: its ASR slot, tasks and RTP socket are freed."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import logging
+import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.errors import CapacityError
 from agent.session import Session
 from transports.g711 import PCMA, PCMU
 from transports.lifecycle import CallLifecycle
+from transports.ratelimit import InviteRateLimit
 from transports.rtp.call import MediaStats
 from transports.rtp.stream import RtpMediaStream
 from transports.sip.sdp import build_answer
 from transports.sip.uas import (
+    ACK_TIMEOUT_S,
+    BUSY_RETRY_AFTER_S,
+    SHUTDOWN_RETRY_AFTER_S,
     Address,
     CallEnded,
     CallEstablished,
     CallOffered,
     Event,
+    MediaChanged,
+    Network,
     Outgoing,
     UserAgentServer,
 )
@@ -33,6 +44,11 @@ SessionFactory = Callable[[], Session | Awaitable[Session]]
 # after the agent's last packet, the caller's jitter buffer still holds some of its audio: the
 # BYE of an agent hang-up waits this long so the caller hears the goodbye to its end
 HANGUP_LINGER_S = 0.2
+# a caller that sends no RTP for this long is gone (a crashed phone, a lost BYE, a flood of
+# INVITE+ACK pairs): the call is ended with a BYE. Calls on hold with no RTP at all are cut too.
+RTP_TIMEOUT_S = 30.0
+# the session factory and the session's start must be done by then, or the call is refused
+SETUP_TIMEOUT_S = 20.0
 
 
 @dataclass(slots=True)
@@ -43,6 +59,7 @@ class SipCall:
     life: CallLifecycle
     started: float = field(default_factory=time.monotonic)
     hangup_watch: asyncio.Task[None] | None = None  # waits for the agent to end the call
+    ending: bool = False  # a hang-up of ours is under way
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,6 +81,13 @@ class SipServer(asyncio.DatagramProtocol):
     ``media_address`` is what the SDP answer tells the caller to send RTP to (the host behind
     NAT would put its public address there). ``on_call`` sees each new call (its session and
     media stream) before the session starts, so an application can listen to its frames.
+
+    Limits (see :class:`~transports.sip.uas.UserAgentServer` for what each refusal answers):
+    ``max_calls`` at once; ``invite_rate`` new INVITEs a second per source address, ``burst``
+    at once (``invite_rate=0``: no limit); ``max_calls_per_source``; ``media_peers``, the
+    networks an offer may name for its media besides the INVITE's source; ``rtp_timeout_s``
+    of caller silence on the wire ends a call (0: never); ``ack_timeout_s`` ends an answered
+    call that is never ACKed.
     """
 
     def __init__(
@@ -76,6 +100,14 @@ class SipServer(asyncio.DatagramProtocol):
         max_calls: int = 100,
         on_call: Callable[[SipCall], None] | None = None,
         on_end: Callable[[CallReport], None] | None = None,
+        *,
+        media_peers: Iterable[str | Network] = (),
+        invite_rate: float = 10.0,
+        invite_burst: int = 20,
+        max_calls_per_source: int = 0,
+        rtp_timeout_s: float = RTP_TIMEOUT_S,
+        ack_timeout_s: float = ACK_TIMEOUT_S,
+        setup_timeout_s: float = SETUP_TIMEOUT_S,
     ) -> None:
         self.session_factory = session_factory
         self.host, self.port = host, port
@@ -83,13 +115,18 @@ class SipServer(asyncio.DatagramProtocol):
         self.media_address = media_address or host
         self.on_call = on_call
         self.on_end = on_end
-        self.uas = UserAgentServer(host, port, max_calls=max_calls)
+        self.rtp_timeout_s = rtp_timeout_s
+        self.setup_timeout_s = setup_timeout_s
+        self.uas = UserAgentServer(
+            host, port, max_calls=max_calls, media_peers=media_peers,
+            invite_rate=InviteRateLimit(invite_rate, invite_burst),
+            max_calls_per_source=max_calls_per_source, ack_timeout_s=ack_timeout_s)
         self.calls: dict[str, SipCall] = {}
         self.reports: list[CallReport] = []
         self._transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._next_rtp = rtp_ports[0]
+        self._ports = random.SystemRandom()
         self.crashes = 0
 
     # --- life --------------------------------------------------------------------------------
@@ -105,10 +142,17 @@ class SipServer(asyncio.DatagramProtocol):
         return self.host, self.port
 
     async def stop(self) -> None:
+        """Shut down: new INVITEs get 503 with a Retry-After while the live calls end (a BYE
+        each, reason ``shutdown``, and their end reports), then the socket closes."""
+        self.uas.draining = True
         if self._timer is not None:
             self._timer.cancel()
+        for cid in list(self.uas.dialogs):
+            if cid not in self.calls:  # still being set up: its INVITE gets a final answer
+                self._send(self.uas.reject(cid, 503, "Service Unavailable (shutting down)",
+                                           retry_after=SHUTDOWN_RETRY_AFTER_S))
         for cid in list(self.calls):
-            self._send(self.uas.hangup(cid))
+            self._send(self.uas.hangup(cid, "shutdown"))
             await self._end(cid, "shutdown")
         for task in list(self._tasks):
             task.cancel()
@@ -132,7 +176,27 @@ class SipServer(asyncio.DatagramProtocol):
     async def _timers(self) -> None:
         while True:
             await asyncio.sleep(0.1)
-            self._handle(self.uas.poll(time.monotonic()))
+            try:
+                self._handle(self.uas.poll(time.monotonic()))
+                self._check_media(time.monotonic_ns())
+            except Exception:  # a bug here must cost one tick, never every call's timers
+                self.crashes += 1
+                log.exception("SIP timers failed")
+
+    def _check_media(self, now_ns: int) -> None:
+        """End the calls whose media task died or whose caller went silent on the wire."""
+        timeout_ns = int(self.rtp_timeout_s * 1e9)
+        for cid, call in list(self.calls.items()):
+            if call.ending:
+                continue
+            if call.media.failed is not None:
+                call.ending = True
+                log.error("call %s: media failed: %r", cid, call.media.failed)
+                self._spawn(self.hangup(cid, "error"))
+            elif timeout_ns > 0 and call.media.silent_ns(now_ns) >= timeout_ns:
+                call.ending = True
+                log.info("call %s: no RTP for %.0f s, hanging up", cid, self.rtp_timeout_s)
+                self._spawn(self.hangup(cid, "rtp-timeout"))
 
     # --- datagrams ---------------------------------------------------------------------------
     def datagram_received(self, data: bytes, addr: Address) -> None:
@@ -161,6 +225,10 @@ class SipServer(asyncio.DatagramProtocol):
                 call = self.calls.get(ev.call_id)
                 if call is not None:
                     call.media.start()
+            elif isinstance(ev, MediaChanged):
+                call = self.calls.get(ev.call_id)
+                if call is not None:
+                    call.media.retarget((self._socket_host(ev.offer.address), ev.offer.port))
             elif isinstance(ev, CallEnded):
                 self._spawn(self._end(ev.call_id, ev.reason))
 
@@ -175,45 +243,92 @@ class SipServer(asyncio.DatagramProtocol):
         media: RtpMediaStream | None = None
         life: CallLifecycle | None = None
         try:
-            made = self.session_factory()
-            session = await made if inspect.isawaitable(made) else made
-            life = CallLifecycle(session)
-            codec = PCMU if offer.answer.codec == "PCMU" else PCMA
-            media = RtpMediaStream(session, codec, (offer.offer.address, offer.offer.port),
-                                   dtmf_payload_type=offer.answer.telephone_event)
-            port = await self._open_rtp(media)
-            call = SipCall(offer.call_id, session, media, life)
-            if self.on_call is not None:
-                self.on_call(call)
-            await life.start()  # closes the session itself when the start fails
-        except Exception:
-            log.exception("call %s: could not set up the session", offer.call_id)
-            self._send(self.uas.reject(offer.call_id, 500, "Server Internal Error"))
-            if media is not None:
-                await media.close()
-            if life is not None:
-                await life.close("error")
+            async with asyncio.timeout(self.setup_timeout_s):
+                made = self.session_factory()
+                session = await made if inspect.isawaitable(made) else made
+                life = CallLifecycle(session)
+                codec = PCMU if offer.answer.codec == "PCMU" else PCMA
+                remote = (self._socket_host(offer.offer.address), offer.offer.port)
+                media = RtpMediaStream(session, codec, remote,
+                                       dtmf_payload_type=offer.answer.telephone_event)
+                port = await self._open_rtp(media)
+                call = SipCall(offer.call_id, session, media, life)
+                if self.on_call is not None:
+                    self.on_call(call)
+                await life.start()  # closes the session itself when the start fails
+        except asyncio.CancelledError:  # the server stops: nothing of the call may stay
+            await self._release(media, life, "shutdown")
+            raise
+        except Exception as err:
+            if isinstance(err, CapacityError | TimeoutError):
+                # full (no ASR slot) or too slow: this server cannot take a call now, another
+                # may (a proxy fails over on 503), and this one soon again
+                log.warning("call %s refused: %s", offer.call_id,
+                            err if isinstance(err, CapacityError) else "set-up timed out")
+                self._send(self.uas.reject(offer.call_id, 503, "Service Unavailable",
+                                           retry_after=BUSY_RETRY_AFTER_S))
+            else:
+                log.exception("call %s: could not set up the session", offer.call_id)
+                self._send(self.uas.reject(offer.call_id, 500, "Server Internal Error"))
+            await self._release(media, life, "error")
             return
         if offer.call_id not in self.uas.dialogs:  # CANCELled while we were setting up
-            await media.close()
-            await life.close("cancel")
+            await self._release(media, life, "cancel")
             return
         self.calls[offer.call_id] = call
         call.hangup_watch = self._spawn(self._watch_hangup(call))
         answer = build_answer(offer.answer, self.media_address, port)
         self._send(self.uas.accept(offer.call_id, answer, time.monotonic()))
 
+    def _socket_host(self, address: str) -> str:
+        """``address`` as our RTP socket (bound to ``host``) names it: an IPv4 peer of an IPv6
+        (dual-stack) socket is ``::ffff:a.b.c.d``, which is also what its packets come from."""
+        try:
+            ours = ipaddress.ip_address(self.host.split("%", 1)[0]).version
+        except ValueError:
+            return address
+        if ours == 6 and ipaddress.ip_address(address).version == 4:
+            return f"::ffff:{address}"
+        return address
+
     async def _open_rtp(self, media: RtpMediaStream) -> int:
+        """Bind an even port of ``rtp_ports`` picked at random (a caller cannot guess the
+        next call's port from its own), trying others while they are taken."""
         lo, hi = self.rtp_ports
-        span = (hi - lo) // 2 + 1
-        for _ in range(span):
-            port = self._next_rtp
-            self._next_rtp = port + 2 if port + 2 <= hi else lo  # even ports, RTCP would be +1
+        first = lo + lo % 2
+        evens = range(first, hi + 1, 2)
+        if not evens:
+            raise OSError(f"no even RTP port in {lo}-{hi}")
+        for _ in range(min(len(evens), 16)):
             try:
-                return (await media.open(self.host, port))[1]
+                return (await media.open(self.host, self._ports.choice(evens)))[1]
+            except OSError:
+                continue
+        start = self._ports.randrange(len(evens))  # busy range: walk it all, once
+        for i in range(len(evens)):
+            try:
+                return (await media.open(self.host, evens[(start + i) % len(evens)]))[1]
             except OSError:
                 continue
         raise OSError(f"no free RTP port in {lo}-{hi}")
+
+    @staticmethod
+    async def _release(media: RtpMediaStream | None, life: CallLifecycle | None,
+                       reason: str) -> dict[str, Any]:
+        """Free a call's socket and session, each whatever the other's close raised."""
+        summary: dict[str, Any] = {}
+        try:
+            if media is not None:
+                await media.close()
+        except Exception:
+            log.exception("closing a call's RTP failed")
+        finally:
+            if life is not None:
+                try:
+                    summary = await life.close(reason)
+                except Exception:
+                    log.exception("closing a call's session failed")
+        return summary
 
     async def _end(self, call_id: str, reason: str) -> None:
         call = self.calls.pop(call_id, None)
@@ -221,8 +336,7 @@ class SipServer(asyncio.DatagramProtocol):
             return
         if call.hangup_watch is not None and call.hangup_watch is not asyncio.current_task():
             call.hangup_watch.cancel()
-        await call.media.close()
-        summary = await call.life.close(reason)
+        summary = await self._release(call.media, call.life, reason)
         js = call.media.jitter.stats
         report = CallReport(
             call_id, reason, time.monotonic() - call.started, call.media.stats,
@@ -232,5 +346,8 @@ class SipServer(asyncio.DatagramProtocol):
         )
         self.reports.append(report)
         if self.on_end is not None:
-            self.on_end(report)
+            try:
+                self.on_end(report)
+            except Exception:
+                log.exception("call %s: on_end failed", call_id)
         log.info("call %s ended (%s) after %.1f s", call_id, reason, report.seconds)

@@ -2,21 +2,41 @@
 events. It keeps one dialog per Call-ID (INVITE → 100/180, 200 with the SDP answer once the
 shell ``accept``s, retransmitted until the ACK; BYE, CANCEL, OPTIONS) and answers malformed
 requests with the proper 4xx/5xx. It never raises on input.
+
+What it admits: a request inside a dialog must match it by Call-ID, the caller's From tag and
+our To tag (RFC 3261 §12.2.2), else 481. A new INVITE is refused, before anything is
+allocated for it, with 503 and a Retry-After when the server is shutting down, when its source
+is over its INVITE rate or already has ``burst`` calls not yet ACKed, or when the call limit
+is reached (503, not 486 Busy Here: the limit is this server's capacity, not a callee on
+another call, and 503 lets a proxy or trunk fail over to another server); with 488 when the
+offer's media address is one we will not send to (see :meth:`UserAgentServer.media_refusal`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from transports.sip.message import SipMessage, SipParseError, parse_sip, response_to
+from transports.ratelimit import InviteRateLimit, source_key
+from transports.sip.message import (
+    SipMessage,
+    SipParseError,
+    header_tag,
+    parse_sip,
+    response_to,
+)
 from transports.sip.sdp import MediaAnswer, MediaOffer, SdpError, choose, parse_offer
 
 Address = tuple[str, int]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 T1_S = 0.5  # RFC 3261 timer T1: first 2xx retransmission interval
 T2_S = 4.0  # cap of the doubling interval
 ACK_TIMEOUT_S = 64 * T1_S  # timer H: give up on a missing ACK
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+BUSY_RETRY_AFTER_S = 5  # a full server: calls end within minutes, a retry soon may fit
+SHUTDOWN_RETRY_AFTER_S = 30  # a server going down: a restart takes longer
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,12 +60,21 @@ class CallEstablished:
 
 
 @dataclass(slots=True, frozen=True)
+class MediaChanged:
+    """A re-INVITE moved the caller's media (a transfer, another media server): RTP now comes
+    from and goes to ``offer``'s address and port."""
+
+    call_id: str
+    offer: MediaOffer
+
+
+@dataclass(slots=True, frozen=True)
 class CallEnded:
     call_id: str
     reason: str  # "bye" | "cancel" | "no-ack" | "hangup"
 
 
-Event = Outgoing | CallOffered | CallEstablished | CallEnded
+Event = Outgoing | CallOffered | CallEstablished | MediaChanged | CallEnded
 
 
 @dataclass(slots=True)
@@ -53,6 +82,9 @@ class Dialog:
     invite: SipMessage
     addr: Address
     to_tag: str
+    from_tag: str = ""  # the caller's tag, the other half of the dialog's identity
+    source: str = ""  # the caller's rate-limit key (its IP; an IPv6 /64)
+    media: Address = ("", 0)  # where the caller's RTP comes from and goes, per its last offer
     state: str = "offered"  # offered → answered → confirmed; or rejected
     final: bytes = b""  # the final response to the INVITE, for retransmissions
     provisional: bytes = b""
@@ -63,15 +95,33 @@ class Dialog:
 
 
 class UserAgentServer:
-    """``receive(data, addr, now)`` → events; ``accept``/``reject``/``hangup`` → datagrams."""
+    """``receive(data, addr, now)`` → events; ``accept``/``reject``/``hangup`` → datagrams.
+
+    ``media_peers``: networks (``"10.1.2.0/24"``) whose addresses an offer's ``c=`` may name
+    besides the INVITE's own source address. ``invite_rate``: the per-source limit on new
+    INVITEs (None: no limit). ``max_calls_per_source``: calls one source may hold at once (0:
+    no limit besides ``max_calls``; a trunk or a PBX brings every call from one address).
+    ``ack_timeout_s``: how long an answered call waits for its ACK before it is ended
+    (RFC 3261 timer H)."""
 
     def __init__(self, host: str, port: int, max_calls: int = 100,
-                 user_agent: str = "voxline") -> None:
+                 user_agent: str = "voxline",
+                 media_peers: Iterable[str | Network] = (),
+                 invite_rate: InviteRateLimit | None = None,
+                 max_calls_per_source: int = 0,
+                 ack_timeout_s: float = ACK_TIMEOUT_S) -> None:
         self.host, self.port = host, port
         self.max_calls = max_calls
         self.user_agent = user_agent
+        self.media_peers: tuple[Network, ...] = tuple(
+            ipaddress.ip_network(n, strict=False) for n in media_peers)
+        self.invite_rate = invite_rate or InviteRateLimit(rate=0)
+        self.max_calls_per_source = max_calls_per_source
+        self.ack_timeout_s = ack_timeout_s
+        self.draining = False  # shutting down: new INVITEs get 503
         self.dialogs: dict[str, Dialog] = {}
         self.rejected: dict[int, int] = {}  # status code -> count
+        self.mismatched = 0  # in-dialog requests whose tags did not match the dialog's
         self.malformed = 0
 
     # --- helpers -----------------------------------------------------------------------------
@@ -119,22 +169,66 @@ class UserAgentServer:
         req = err.partial or SipMessage()
         return [Outgoing(self._reply(req, err.status, err.reason).to_bytes(), addr)]
 
+    def _matches(self, dlg: Dialog, req: SipMessage) -> bool:
+        """A request inside ``dlg``: the caller's From tag and our To tag (§12.2.2)."""
+        ok = (header_tag(req.header("From")) == dlg.from_tag
+              and header_tag(req.header("To")) == dlg.to_tag)
+        if not ok:
+            self.mismatched += 1
+        return ok
+
+    def _no_dialog(self, req: SipMessage, addr: Address) -> list[Event]:
+        self.rejected[481] = self.rejected.get(481, 0) + 1
+        resp = self._reply(req, 481, "Call/Transaction Does Not Exist")
+        return [Outgoing(resp.to_bytes(), addr)]
+
     def _invite(self, req: SipMessage, addr: Address, now: float) -> list[Event]:
         cid = req.call_id
         dlg = self.dialogs.get(cid)
         if dlg is not None:
-            if req.cseq[0] == dlg.invite.cseq[0]:  # a retransmission: repeat our last answer
+            if not header_tag(req.header("To")):  # not in the dialog: the INVITE that made it?
+                if header_tag(req.header("From")) != dlg.from_tag:
+                    # the same Call-ID from another caller: a merged request (§8.2.2.2)
+                    return self._refuse(req, addr, 482, "Loop Detected")
+                if req.cseq[0] == dlg.invite.cseq[0]:  # a retransmission: repeat our answer
+                    last = dlg.final or dlg.provisional
+                    return [Outgoing(last, addr)] if last else []
+                return self._refuse(req, addr, 482, "Loop Detected")
+            if not self._matches(dlg, req):
+                return self._no_dialog(req, addr)
+            if req.cseq[0] == dlg.invite.cseq[0]:
                 last = dlg.final or dlg.provisional
                 return [Outgoing(last, addr)] if last else []
-            if dlg.state == "confirmed":  # re-INVITE (session refresh, hold): same media
+            if dlg.state == "confirmed":  # re-INVITE (session refresh, hold): our same answer
                 resp = self._reply(req, 200, "OK", dlg.to_tag, [
                     ("Contact", self.contact), ("Content-Type", "application/sdp"),
                 ], dlg.answer_body)
-                return [Outgoing(resp.to_bytes(), addr)]
+                return [Outgoing(resp.to_bytes(), addr), *self._moved(dlg, req, addr)]
             resp = self._reply(req, 491, "Request Pending", dlg.to_tag)
             return [Outgoing(resp.to_bytes(), addr)]
+        if header_tag(req.header("To")):  # a re-INVITE of a dialog we do not have
+            return self._no_dialog(req, addr)
+        if self.draining:
+            return self._refuse(req, addr, 503, "Service Unavailable (shutting down)",
+                                retry_after=SHUTDOWN_RETRY_AFTER_S)
+        wait = self.invite_rate.allow(addr[0], now)
+        if wait:
+            return self._refuse(req, addr, 503, "Service Unavailable (too many calls from "
+                                "this address)", retry_after=InviteRateLimit.retry_after(wait))
+        source = source_key(addr[0])
+        if self.invite_rate.enabled or self.max_calls_per_source:
+            mine = [d for d in self.dialogs.values() if d.source == source]
+            pending = sum(d.state != "confirmed" for d in mine)
+            if self.invite_rate.enabled and pending >= self.invite_rate.burst:
+                return self._refuse(req, addr, 503, "Service Unavailable (too many calls "
+                                    "being set up from this address)",
+                                    retry_after=BUSY_RETRY_AFTER_S)
+            if self.max_calls_per_source and len(mine) >= self.max_calls_per_source:
+                return self._refuse(req, addr, 503, "Service Unavailable (too many calls "
+                                    "from this address)", retry_after=BUSY_RETRY_AFTER_S)
         if len(self.dialogs) >= self.max_calls:
-            return self._refuse(req, addr, 486, "Busy Here")
+            return self._refuse(req, addr, 503, "Service Unavailable (call limit reached)",
+                                retry_after=BUSY_RETRY_AFTER_S)
         if req.header("Content-Type").split(";")[0].strip().lower() != "application/sdp":
             # no offer in the INVITE (offer in the ACK) is legal SIP but not supported yet
             return self._refuse(req, addr, 488, "Not Acceptable Here (an SDP offer is required)")
@@ -143,7 +237,11 @@ class UserAgentServer:
             answer = choose(offer)
         except SdpError as err:
             return self._refuse(req, addr, 488, "Not Acceptable Here", warning=str(err))
-        dlg = Dialog(req, addr, secrets.token_hex(6))
+        refusal = self.media_refusal(offer.address, addr)
+        if refusal:
+            return self._refuse(req, addr, 488, "Not Acceptable Here", warning=refusal)
+        dlg = Dialog(req, addr, secrets.token_hex(6), header_tag(req.header("From")), source,
+                     (offer.address, offer.port))
         self.dialogs[cid] = dlg
         trying = self._reply(req, 100, "Trying").to_bytes()
         ringing = self._reply(req, 180, "Ringing", dlg.to_tag, [("Contact", self.contact)])
@@ -154,10 +252,50 @@ class UserAgentServer:
             CallOffered(cid, offer, answer, req.header("From"), req.uri),
         ]
 
+    def _moved(self, dlg: Dialog, req: SipMessage, addr: Address) -> list[Event]:
+        """A re-INVITE's offer naming new media we may use (else the media stays as it was:
+        a hold with ``c=0.0.0.0``, a refresh without a body, an address we refuse)."""
+        try:
+            offer = parse_offer(req.body)
+        except SdpError:
+            return []
+        media = (offer.address, offer.port)
+        if media == dlg.media or self.media_refusal(offer.address, addr):
+            return []
+        dlg.media = media
+        return [MediaChanged(req.call_id, offer)]
+
+    def media_refusal(self, address: str, signalling: Address) -> str:
+        """Why we will not send RTP to ``address`` (an offer's numeric ``c=``) for a call
+        signalled from ``signalling``; ``""`` when we will. We send only to the host the
+        INVITE came from, or into ``media_peers`` (a PBX or trunk with separate media
+        servers): otherwise ~700 bytes of signalling would aim a call's RTP at a third
+        party. The address must also suit our media socket, which is bound to ``host``: an
+        IPv4 socket cannot reach an IPv6 address (an IPv6 one reaches IPv4 ones mapped)."""
+        ip = ipaddress.ip_address(address)
+        try:
+            ours = ipaddress.ip_address(self.host.split("%", 1)[0]).version
+        except ValueError:  # not bound yet: the shell sets the numeric host at start
+            ours = ip.version
+        if ours == 4 and ip.version == 6:
+            return f"connection address {address} is IPv6; this server's media is IPv4"
+        try:
+            peer = ipaddress.ip_address(signalling[0].split("%", 1)[0])
+        except ValueError:
+            peer = None
+        if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+            peer = peer.ipv4_mapped
+        if ip == peer or any(ip in net for net in self.media_peers):
+            return ""
+        return (f"connection address {address} is not the address this INVITE came from; "
+                "media from other hosts is not accepted here")
+
     def _refuse(self, req: SipMessage, addr: Address, status: int, reason: str,
-                warning: str = "") -> list[Event]:
+                warning: str = "", retry_after: int = 0) -> list[Event]:
         self.rejected[status] = self.rejected.get(status, 0) + 1
-        extra = [("Warning", f'399 voxline "{warning}"')] if warning else []
+        extra = [("Warning", f'399 voxline "{_quotable(warning)}"')] if warning else []
+        if retry_after:
+            extra.append(("Retry-After", str(retry_after)))
         resp = self._reply(req, status, reason, secrets.token_hex(6), extra)
         return [Outgoing(resp.to_bytes(), addr)]
 
@@ -165,23 +303,26 @@ class UserAgentServer:
         dlg = self.dialogs.get(req.call_id)
         if dlg is None or dlg.state != "answered":
             return []  # ACK of a non-2xx answer, or a repeat: absorbed
+        if not self._matches(dlg, req):
+            return []  # not this dialog's ACK: an ACK is never answered
         dlg.state = "confirmed"
         dlg.retransmit_at = 0.0
         return [CallEstablished(req.call_id)]
 
     def _bye(self, req: SipMessage, addr: Address, now: float) -> list[Event]:
-        dlg = self.dialogs.pop(req.call_id, None)
-        if dlg is None:
-            resp = self._reply(req, 481, "Call/Transaction Does Not Exist")
-            return [Outgoing(resp.to_bytes(), addr)]
+        dlg = self.dialogs.get(req.call_id)
+        if dlg is None or not self._matches(dlg, req):
+            return self._no_dialog(req, addr)
+        del self.dialogs[req.call_id]
         resp = self._reply(req, 200, "OK", dlg.to_tag)
         return [Outgoing(resp.to_bytes(), addr), CallEnded(req.call_id, "bye")]
 
     def _cancel(self, req: SipMessage, addr: Address, now: float) -> list[Event]:
         dlg = self.dialogs.get(req.call_id)
-        if dlg is None or dlg.invite.cseq[0] != req.cseq[0]:
-            resp = self._reply(req, 481, "Call/Transaction Does Not Exist")
-            return [Outgoing(resp.to_bytes(), addr)]
+        # a CANCEL matches the INVITE's transaction: its CSeq number and the caller's tag
+        if (dlg is None or dlg.invite.cseq[0] != req.cseq[0]
+                or header_tag(req.header("From")) != dlg.from_tag):
+            return self._no_dialog(req, addr)
         out: list[Event] = [Outgoing(self._reply(req, 200, "OK", dlg.to_tag).to_bytes(), addr)]
         if dlg.state == "offered":  # not answered yet: the INVITE ends with 487
             terminated = self._reply(dlg.invite, 487, "Request Terminated", dlg.to_tag)
@@ -214,12 +355,15 @@ class UserAgentServer:
         dlg.retransmit_at = now + T1_S
         return [Outgoing(dlg.final, dlg.addr)]
 
-    def reject(self, call_id: str, status: int, reason: str) -> list[Outgoing]:
+    def reject(self, call_id: str, status: int, reason: str,
+               retry_after: int = 0) -> list[Outgoing]:
         dlg = self.dialogs.pop(call_id, None)
         if dlg is None or dlg.state != "offered":
             return []
         self.rejected[status] = self.rejected.get(status, 0) + 1
-        return [Outgoing(self._reply(dlg.invite, status, reason, dlg.to_tag).to_bytes(), dlg.addr)]
+        extra = [("Retry-After", str(retry_after))] if retry_after else []
+        resp = self._reply(dlg.invite, status, reason, dlg.to_tag, extra)
+        return [Outgoing(resp.to_bytes(), dlg.addr)]
 
     def hangup(self, call_id: str, reason: str = "") -> list[Outgoing]:
         """We end the call: a BYE inside the dialog (From and To swap roles). A ``reason``
@@ -233,7 +377,7 @@ class UserAgentServer:
         if "<" in target:
             target = target.split("<", 1)[1].split(">", 1)[0]
         to = inv.header("To")
-        if ";tag=" not in to.lower():
+        if not header_tag(to):
             to = f"{to};tag={dlg.to_tag}"
         headers = [
             ("Via", f"SIP/2.0/UDP {self.host}:{self.port};branch=z9hG4bK{secrets.token_hex(8)}"),
@@ -248,12 +392,13 @@ class UserAgentServer:
         return [Outgoing(bye.to_bytes(), dlg.addr)]
 
     def poll(self, now: float) -> list[Event]:
-        """Timers: retransmit unacknowledged 200 OKs (doubling up to T2) and give up after 32 s."""
+        """Timers: retransmit unacknowledged 200 OKs (doubling up to T2) and give up after
+        ``ack_timeout_s`` (32 s: timer H)."""
         out: list[Event] = []
         for cid, dlg in list(self.dialogs.items()):
             if dlg.state != "answered" or not dlg.retransmit_at or now < dlg.retransmit_at:
                 continue
-            if now - dlg.answered_at >= ACK_TIMEOUT_S:
+            if now - dlg.answered_at >= self.ack_timeout_s:
                 out += self.hangup(cid)
                 out.append(CallEnded(cid, "no-ack"))
                 continue
@@ -261,3 +406,8 @@ class UserAgentServer:
             dlg.interval = min(dlg.interval * 2, T2_S)
             dlg.retransmit_at = now + dlg.interval
         return out
+
+
+def _quotable(text: str) -> str:
+    """``text`` fit for a quoted-string header value: printable, no quote or backslash."""
+    return "".join(c for c in text if c.isprintable() and c not in '"\\')[:160]

@@ -1,0 +1,52 @@
+"""``voxline sip`` / ``voxline twilio`` as the CLI runs them (``agent.cli.main``), with a small
+agent in place of the model stack so a subprocess starts in a second on two cores: it speaks
+back what it hears, and its stop takes ``SLOW_STOP_S`` (as a stage flushing a recording would),
+so a test can reach the server while it is shutting down.
+
+Usage: ``python telephony_cli_agent.py sip --port 5070 --json`` (any ``voxline`` arguments).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
+
+from agent import cli  # noqa: E402
+from agent.commands import telephony  # noqa: E402
+from agent.frames import AudioIn, Direction, TTSAudio  # noqa: E402
+from agent.pipeline import Pipeline  # noqa: E402
+from agent.session import Session  # noqa: E402
+from agent.stage import Stage  # noqa: E402
+
+SLOW_STOP_S = 1.0
+
+
+class SpeakBackSlowStop(Stage):
+    name = "speak_back"
+
+    def process(self, frame: Any, direction: Direction) -> None:
+        if isinstance(frame, AudioIn):
+            self.push(TTSAudio(frame.pcm), Direction.DOWNSTREAM)
+        else:
+            self.push(frame, direction)
+
+    async def stop(self) -> None:
+        await asyncio.sleep(SLOW_STOP_S)
+
+
+def session_factory(cfg: Any, models: Any, printer: Any = None) -> Any:
+    def make(*_: Any) -> Session:
+        return Session(Pipeline([SpeakBackSlowStop()]))
+
+    return make
+
+
+telephony._load = lambda cfg: None  # no models to load
+telephony.session_factory = session_factory
+
+if __name__ == "__main__":
+    sys.exit(cli.main(sys.argv[1:]))

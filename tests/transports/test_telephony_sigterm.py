@@ -1,0 +1,184 @@
+"""SIGTERM to a real ``voxline sip`` / ``voxline twilio`` process with a call live: it stops
+taking calls (a new INVITE gets 503 with a Retry-After; a new media stream finds no listener),
+ends the live call on its wire (a SIP BYE; the media stream closed with 1001), prints the
+call's end record and exits 0. The processes run the real CLI with a small agent in place of
+the model stack (``telephony_cli_agent.py``), whose stop takes a second, so the test can call
+in while the server is shutting down."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from sip_requests import SDP_OFFER, request
+
+from transports.g711 import ulaw_encode
+from transports.rtp.packet import Packetizer
+from transports.sip.message import SipMessage, parse_sip
+
+AGENT_CLI = Path(__file__).with_name("telephony_cli_agent.py")
+
+
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Voxline:
+    """``voxline ARGS`` as a subprocess; its stdout and stderr lines read on threads."""
+
+    def __init__(self, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "TWILIO_AUTH_TOKEN"}
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen([sys.executable, str(AGENT_CLI), *args], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.out: list[str] = []
+        self.err: queue.Queue[str] = queue.Queue()
+        self.err_lines: list[str] = []
+        threading.Thread(target=self._read, args=(self.proc.stdout, self.out.append),
+                         daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc.stderr, self.err.put),
+                         daemon=True).start()
+
+    @staticmethod
+    def _read(stream, put) -> None:
+        for line in stream:
+            put(line)
+
+    def wait_for_stderr(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.err.get(timeout=0.2)
+            except queue.Empty:
+                assert self.proc.poll() is None, f"exited {self.proc.returncode}: {self.log()}"
+                continue
+            self.err_lines.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"{text!r} not seen: {self.log()}")
+
+    def finish(self, timeout: float = 20.0) -> int:
+        try:
+            rc = self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        time.sleep(0.1)  # the reader threads' last lines
+        while not self.err.empty():
+            self.err_lines.append(self.err.get())
+        return rc
+
+    def log(self) -> str:
+        return "".join(self.err_lines) + "".join(self.out)
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.out if line.startswith("{")]
+
+
+def test_sip_sigterm_ends_the_live_call_with_a_bye_and_exits_0() -> None:
+    port = free_port(socket.SOCK_DGRAM)
+    vox = Voxline("sip", "--port", str(port), "--rtp-ports", "47000-47998", "--json")
+    try:
+        vox.wait_for_stderr("listening on udp")
+        asyncio.run(_sip_call_then_sigterm(port, vox))
+        rc = vox.finish()
+    finally:
+        if vox.proc.poll() is None:
+            vox.proc.kill()
+    assert rc == 0, vox.log()
+    ended = [e for e in vox.events() if e.get("state") == "ended"]
+    assert len(ended) == 1 and ended[0]["reason"] == "shutdown", vox.log()
+    assert ended[0]["rtp_dropped"] == {"foreign": 0, "stray_ssrc": 0}
+    assert any("stopped after 1 call(s)" in line for line in vox.err_lines), vox.log()
+
+
+async def _sip_call_then_sigterm(port: int, vox: Voxline) -> None:
+    loop = asyncio.get_running_loop()
+    sip, rtp = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2))
+    for s in (sip, rtp):
+        s.bind(("127.0.0.1", 0))
+        s.setblocking(False)
+
+    async def recv(timeout: float = 10.0) -> SipMessage:
+        return parse_sip(await asyncio.wait_for(loop.sock_recv(sip, 65535), timeout))
+
+    offer = SDP_OFFER.replace("m=audio 6000", f"m=audio {rtp.getsockname()[1]}")
+    server = ("127.0.0.1", port)
+    try:
+        sip.sendto(request("INVITE", call_id="live", body=offer), server)
+        while (ok := await recv()).status < 200:
+            pass
+        assert ok.status == 200
+        tag = ok.header("To").split("tag=")[1]
+        sip.sendto(request("ACK", call_id="live", to_tag=tag), server)
+        media = ("127.0.0.1", int(ok.body.decode().split("m=audio ")[1].split()[0]))
+        out = Packetizer(0)
+        tone = (8000 * np.sin(2 * np.pi * 440 * np.arange(160) / 8000)).astype(np.int16)
+        for _ in range(25):
+            rtp.sendto(out.packet(ulaw_encode(tone)).to_bytes(), media)
+            await asyncio.sleep(0.02)
+
+        vox.proc.send_signal(signal.SIGTERM)
+        bye = await recv()
+        assert bye.method == "BYE" and bye.call_id == "live", vox.log()
+        assert 'text="shutdown"' in bye.header("Reason")
+        # while the call is being closed, a new call is turned away, told to come back later
+        sip.sendto(request("INVITE", call_id="late", body=offer), server)
+        late = await recv()
+        assert late.call_id == "late" and late.status == 503, vox.log()
+        assert int(late.header("Retry-After")) > 0
+    finally:
+        sip.close()
+        rtp.close()
+
+
+def test_twilio_sigterm_closes_the_live_stream_and_exits_0() -> None:
+    port = free_port(socket.SOCK_STREAM)
+    vox = Voxline("twilio", "--port", str(port), "--json")
+    try:
+        vox.wait_for_stderr("media streams on")
+        close_code, refused = asyncio.run(_twilio_call_then_sigterm(port, vox))
+        rc = vox.finish()
+    finally:
+        if vox.proc.poll() is None:
+            vox.proc.kill()
+    assert close_code == 1001 and refused, vox.log()
+    assert rc == 0, vox.log()
+    ended = [e for e in vox.events() if e.get("state") == "ended"]
+    assert len(ended) == 1, vox.log()
+    assert any("stopped after 1 call(s)" in line for line in vox.err_lines), vox.log()
+
+
+async def _twilio_call_then_sigterm(port: int, vox: Voxline) -> tuple[int | None, bool]:
+    from websockets.asyncio.client import connect
+
+    from transports.twilio.caller import TwilioCaller
+
+    url = f"ws://127.0.0.1:{port}/twilio/media"
+    async with connect(url) as ws:
+        caller = TwilioCaller()
+        speech = (4000 * np.sin(2 * np.pi * 300 * np.arange(8000 * 30) / 8000)).astype(np.int16)
+        call = asyncio.get_running_loop().create_task(caller.run(ws, speech, tail_s=0.0))
+        await asyncio.sleep(1.0)
+        assert not call.done(), vox.log()
+        vox.proc.send_signal(signal.SIGTERM)
+        log = await asyncio.wait_for(call, 15)
+    try:
+        async with connect(url, open_timeout=3):
+            refused = False
+    except OSError:  # nothing listens any more
+        refused = True
+    return log.close_code, refused
