@@ -102,7 +102,12 @@ class LLMConfig:
     # the history grows to this many earlier turns, then the oldest half go at once, so the
     # prompt's beginning (and the model's cache of it) stays put between drops (chat.py)
     history_turns: int = 16
+    # a reply's deadlines (openai): its first token within timeout_s of the request, at most
+    # idle_timeout_s between its texts (SSE keep-alives do not count), all of it within
+    # reply_timeout_s; past any of them the caller hears [agent] apology
     timeout_s: float = 30.0
+    idle_timeout_s: float = 10.0
+    reply_timeout_s: float = 60.0
     threads: int = 1  # generation threads (one leaves a core to the TTS and ASR)
     batch_threads: int = 2  # prompt-evaluation threads: the time to the first token
     burst_tokens: int = 10  # the reply's first tokens are generated with batch_threads too
@@ -149,6 +154,9 @@ class AgentConfig:
     # after the agent's turn when there is no re-prompt); 0: the agent never hangs up on silence
     idle_hangup_s: float = 0.0
     idle_goodbye: str = "I'll hang up now. Goodbye."
+    # said when a reply fails (the LLM refuses, hangs or errs; the TTS cannot speak a text);
+    # empty: no apology, the error event only
+    apology: str = "Sorry, I'm having trouble — one moment."
 
 
 @dataclass(slots=True)

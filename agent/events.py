@@ -69,6 +69,8 @@ def frame_event(frame: Frame, t0_ns: int = 0) -> dict[str, Any] | None:
         ev = {"type": "bot_stopped", "interrupted": frame.interrupted}
     elif isinstance(frame, ErrorFrame):
         ev = {"type": "error", "message": frame.message, "stage": frame.stage, "fatal": frame.fatal}
+        if frame.code:
+            ev["code"] = frame.code
     else:
         return None
     if t is not None:

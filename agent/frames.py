@@ -207,6 +207,7 @@ class ErrorFrame(Frame):
     message: str
     stage: str = ""
     fatal: bool = False
+    code: str = ""  # a stable fault code clients can switch on (stages/faults.py)
 
 
 @dataclass(slots=True, frozen=True)

@@ -117,7 +117,7 @@ def build_pipeline(cfg: Config, models: Models) -> Pipeline:
         load(STAGES["asr"])(models.asr, cfg.asr),
         load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad_cfg.stop_ms, scorer=scorer),
         load(STAGES["idle"])(cfg.agent),  # re-prompts an idle caller, then hangs up (if configured)
-        load(STAGES["llm"])(models.llm, cfg.llm, cfg.agent),
-        load(STAGES["tts"])(models.tts, cfg.tts),
+        load(STAGES["llm"])(models.llm, cfg.llm, cfg.agent, apology=cfg.agent.apology),
+        load(STAGES["tts"])(models.tts, cfg.tts, apology=cfg.agent.apology),
     ]
     return Pipeline(stages)

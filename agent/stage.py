@@ -249,7 +249,9 @@ class QueuedStage(Stage):
                 raise
             except Exception as exc:  # a failing frame must not kill the stage
                 log.exception("%s failed on %s", self.name, type(frame).__name__)
-                self.push_error(f"{self.name}: {exc}")
+                # the detail is in the log; a client is told which stage failed, not why (an
+                # exception's text may name hosts, paths, models)
+                self.push_error(f"{self.name}: failed on {type(frame).__name__} (see the log)")
             finally:
                 self._current = None
 

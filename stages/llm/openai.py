@@ -5,20 +5,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import AsyncExitStack, aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from agent.config import LLMConfig
-from agent.errors import VoxlineError, require
+from agent.errors import require
+from stages.faults import LLM_BAD_RESPONSE, LLM_TIMEOUT, LLM_UNAVAILABLE, StageFault
 from stages.llm.chat import LLMCapabilities
-from stages.llm.sse import SSEParser
+from stages.llm.sse import MAX_SIZE, SSEParser, SSEProtocolError
 
-# Connecting should fail fast even when a slow model is allowed a long read timeout.
+# Connecting should fail fast even when a slow model is allowed a long first token.
 _CONNECT_TIMEOUT_S = 5.0
+# A refused connection is tried once more after this pause (a server restarting): nothing
+# was sent, so nothing can be said twice.
+_RETRY_PAUSE_S = 0.25
+_MAX_ERROR_BODY = 64 << 10  # bytes of an HTTP error's body read for the log
+
+IDLE_TIMEOUT_S = 10.0
+REPLY_TIMEOUT_S = 60.0
 
 
-class LLMServerError(VoxlineError):
+class LLMServerError(StageFault):
     """The LLM server answered with an HTTP error (or an error event inside the stream)."""
+
+    code = LLM_UNAVAILABLE
 
     def __init__(self, url: str, status: int, message: str) -> None:
         super().__init__(f"LLM server {url} answered HTTP {status}: {message}")
@@ -27,8 +39,48 @@ class LLMServerError(VoxlineError):
         self.server_message = message
 
 
-class LLMConnectionError(VoxlineError):
-    """The LLM server could not be reached, or stopped answering in time."""
+class LLMProtocolError(LLMServerError):
+    """The server's stream could not be read: not Server-Sent Events of JSON chunks, a line
+    over the parser's bound, or no reply at all before it ended."""
+
+    code = LLM_BAD_RESPONSE
+
+
+class LLMConnectionError(StageFault):
+    """The LLM server could not be reached, or the connection broke."""
+
+    code = LLM_UNAVAILABLE
+
+
+class LLMTimeoutError(LLMConnectionError):
+    """The LLM server did not answer within one of the reply's deadlines."""
+
+    code = LLM_TIMEOUT
+
+
+@dataclass(slots=True, frozen=True)
+class ReplyDeadlines:
+    """How long one reply may take, counted on the event loop's clock.
+
+    ``first_token_s``: from the request to the first text (connecting, the headers and the
+    prompt's evaluation included). ``idle_s``: from each text to the next, while the stream
+    has its consumer's attention; SSE comments (keep-alives) and events without text do not
+    count, so a server that says one sentence and then only pings still ends. ``total_s``: the
+    whole reply, whatever it sends. A reply past any of them ends with
+    :class:`LLMTimeoutError`.
+    """
+
+    first_token_s: float
+    idle_s: float
+    total_s: float
+
+    @classmethod
+    def for_timeout(cls, timeout_s: float) -> ReplyDeadlines:
+        """From the one ``[llm] timeout_s``: the first token within it, at most
+        ``IDLE_TIMEOUT_S`` between texts (never longer than the first token's wait), and the
+        whole reply within ``REPLY_TIMEOUT_S`` (or ``timeout_s`` when that is longer). A voice
+        reply of 48 tokens streams in a few seconds; 10 s without a word is a broken server."""
+        return cls(timeout_s, min(timeout_s, IDLE_TIMEOUT_S), max(timeout_s, REPLY_TIMEOUT_S))
 
 
 class OpenAILLM:
@@ -36,23 +88,43 @@ class OpenAILLM:
 
     Cancelling the consumer closes the HTTP response, which tells the server to stop
     generating (vLLM, SGLang and llama.cpp all abort a request whose client went away).
+
+    Every failure is a :class:`~stages.faults.StageFault` whose ``code`` says what kind it was
+    (unavailable: refused, reset, an HTTP error; timeout: past a :class:`ReplyDeadlines`;
+    bad response: a stream that cannot be read) and whose text says what happened, URL and
+    server message included, for the log. ``max_event_size`` bounds one SSE line or event
+    (:class:`~stages.llm.sse.SSEParser`).
     """
 
     # The server owns the model and its prompt cache; nothing to evaluate ahead from here.
     capabilities = LLMCapabilities(prefill=False)
 
-    def __init__(self, cfg: LLMConfig) -> None:
+    def __init__(
+        self,
+        cfg: LLMConfig,
+        deadlines: ReplyDeadlines | None = None,
+        max_event_size: int = MAX_SIZE,
+    ) -> None:
         httpx = require("httpx", what="the OpenAI-compatible LLM client", extra="openai")
         self._httpx = httpx
         self.cfg = cfg
+        self.deadlines = deadlines or ReplyDeadlines(
+            cfg.timeout_s, min(cfg.idle_timeout_s, cfg.timeout_s),
+            max(cfg.reply_timeout_s, cfg.timeout_s))
+        self.max_event_size = max_event_size
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         headers = {"Accept": "text/event-stream"}
         api_key = cfg.resolved_api_key()
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
+        d = self.deadlines
+        # httpx's own per-read timeout is only a backstop: the deadlines end a reply first.
         self._client = httpx.AsyncClient(
             headers=headers,
-            timeout=httpx.Timeout(cfg.timeout_s, connect=min(_CONNECT_TIMEOUT_S, cfg.timeout_s)),
+            timeout=httpx.Timeout(
+                max(d.first_token_s, d.idle_s) + 1.0,
+                connect=min(_CONNECT_TIMEOUT_S, d.first_token_s),
+            ),
         )
 
     def warmup(self) -> None:
@@ -74,42 +146,89 @@ class OpenAILLM:
         }
         if self.cfg.model:
             body["model"] = self.cfg.model
+        loop = asyncio.get_running_loop()
+        d = self.deadlines
+        start = loop.time()
+        end = start + d.total_s
+        first = min(end, start + d.first_token_s)
         try:
-            async with self._client.stream("POST", self.url, json=body) as response:
-                if response.status_code >= 400:
-                    raw = await response.aread()
-                    raise LLMServerError(self.url, response.status_code, _error_message(raw))
-                parser = SSEParser()
-                async for chunk in response.aiter_bytes():
-                    for event in parser.feed(chunk):
+            async with AsyncExitStack() as stack:
+                try:
+                    async with asyncio.timeout_at(first):
+                        response = await self._open(stack, body, first)
+                        if response.status_code >= 400:
+                            raw = await _read_some(response.aiter_bytes(), _MAX_ERROR_BODY)
+                            raise LLMServerError(
+                                self.url, response.status_code, _error_message(raw)
+                            )
+                except TimeoutError:
+                    raise self._timeout(d.first_token_s, "for its first token") from None
+                parser = SSEParser(self.max_event_size)
+                chunks = await stack.enter_async_context(aclosing(response.aiter_bytes()))
+                said = False  # any text yet
+                heard = start  # when the wait for the next text began
+                while True:
+                    deadline = min(end, heard + d.idle_s) if said else first
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            chunk = await anext(chunks, None)
+                    except TimeoutError:
+                        if deadline == end:
+                            raise self._timeout(d.total_s, "for the whole reply") from None
+                        if said:
+                            raise self._timeout(d.idle_s, "of its last token") from None
+                        raise self._timeout(d.first_token_s, "for its first token") from None
+                    for event in parser.feed(chunk) if chunk is not None else parser.close():
                         if event.data.strip() == "[DONE]":
                             return
                         text = self._delta(event.data)
                         if text:
+                            said = True
                             yield text
-                for event in parser.close():
-                    if event.data.strip() != "[DONE]" and (text := self._delta(event.data)):
-                        yield text
+                            heard = loop.time()  # the consumer's own pauses do not count
+                    if chunk is None:
+                        break
+                if not said:
+                    # A 200 that ended with nothing to say: an HTML page, a proxy's banner.
+                    raise LLMProtocolError(self.url, 200, "the stream ended without a reply")
+        except SSEProtocolError as exc:
+            raise LLMProtocolError(self.url, 200, str(exc)) from None
         except httpx.ConnectError as exc:
             raise LLMConnectionError(
                 f"cannot connect to the LLM server at {self.url} ({exc}) — start it, or pass "
                 "--llm-base-url with the right address"
             ) from None
         except httpx.TimeoutException as exc:
-            raise LLMConnectionError(
-                f"the LLM server at {self.url} did not answer within {self.cfg.timeout_s} s "
-                f"({type(exc).__name__}) — raise --llm-timeout-s or check the server"
-            ) from None
+            raise self._timeout(self.cfg.timeout_s, f"({type(exc).__name__})") from None
         except httpx.HTTPError as exc:
             raise LLMConnectionError(
                 f"talking to the LLM server at {self.url} failed: {exc!r}"
             ) from None
 
+    async def _open(self, stack: AsyncExitStack, body: dict[str, Any], deadline: float) -> Any:
+        """The response's headers, the connection tried once more if it was refused and
+        there is time left before ``deadline``."""
+        httpx = self._httpx
+        loop = asyncio.get_running_loop()
+        try:
+            return await stack.enter_async_context(self._client.stream("POST", self.url, json=body))
+        except httpx.ConnectError:
+            if loop.time() + _RETRY_PAUSE_S >= deadline:
+                raise
+        await asyncio.sleep(_RETRY_PAUSE_S)
+        return await stack.enter_async_context(self._client.stream("POST", self.url, json=body))
+
+    def _timeout(self, seconds: float, what: str) -> LLMTimeoutError:
+        return LLMTimeoutError(
+            f"the LLM server at {self.url} did not answer within {seconds} s {what} — raise "
+            "--llm-timeout-s or check the server"
+        )
+
     def _delta(self, data: str) -> str:
         try:
             obj = json.loads(data)
-        except json.JSONDecodeError:
-            raise LLMServerError(
+        except (json.JSONDecodeError, RecursionError):
+            raise LLMProtocolError(
                 self.url, 200, f"not a JSON stream event: {data[:200]!r}"
             ) from None
         if not isinstance(obj, dict):
@@ -117,21 +236,31 @@ class OpenAILLM:
         if "error" in obj:
             raise LLMServerError(self.url, 200, _error_text(obj))
         choices = obj.get("choices") or ()
-        if not choices:
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
             return ""  # e.g. a trailing usage-only chunk
         delta = choices[0].get("delta") or {}
-        content = delta.get("content")
+        content = delta.get("content") if isinstance(delta, dict) else None
         return content if isinstance(content, str) else ""
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
+async def _read_some(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """At most about ``limit`` bytes of a body: an error page is logged, never held whole."""
+    raw = bytearray()
+    async for part in chunks:
+        raw += part
+        if len(raw) >= limit:
+            break
+    return bytes(raw[:limit])
+
+
 def _error_message(raw: bytes) -> str:
     text = raw.decode("utf-8", errors="replace").strip()
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return text[:500] or "(empty body)"
     return _error_text(obj) if isinstance(obj, dict) else text[:500]
 
@@ -140,8 +269,13 @@ def _error_text(obj: dict[str, Any]) -> str:
     """The message out of the error shapes servers use: OpenAI ``{"error": {"message"}}``,
     FastAPI ``{"detail": ...}``, or a bare ``{"error": "..."}``."""
     err = obj.get("error", obj.get("detail", obj))
-    if isinstance(err, dict):
-        return str(err.get("message") or err.get("detail") or err)[:500]
-    if isinstance(err, list):  # FastAPI validation errors
-        return "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in err)[:500]
-    return str(err)[:500]
+    try:
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or err)[:500]
+        if isinstance(err, list):  # FastAPI validation errors
+            return "; ".join(
+                str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in err
+            )[:500]
+        return str(err)[:500]
+    except RecursionError:
+        return "(an error object nested too deeply to show)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -29,8 +30,11 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.stage import DOWN, UP, QueuedStage, StageContext
+from stages.faults import APOLOGY, LLM_UNAVAILABLE, StageFault, fault_frame
 from stages.llm.chat import ChatHistory, ChatLLM
 from stages.llm.sentences import SentenceAggregator
+
+log = logging.getLogger("voxline.llm")
 
 _speculation_ids = itertools.count(1)
 
@@ -48,6 +52,7 @@ class Reply:
     id: int = 0  # a speculation's id; 0 for a reply to a confirmed turn
     confirmed: bool = True
     parts: list[str] = field(default_factory=list)  # the tokens so far
+    said: list[str] = field(default_factory=list)  # the chunks sent to the TTS
     held: list[Frame] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -74,6 +79,17 @@ class LLMStage(QueuedStage):
     On a barge-in the reply in flight is cancelled; the history keeps what was generated so
     far, marked truncated, and an ``LLMEnd(cancelled=True)`` follows.
 
+    When the LLM fails (its server refuses, resets, answers an HTTP error, sends a stream that
+    cannot be read, or misses a deadline; a local model raises) the caller hears ``apology``
+    after whatever of the reply was already sent to the TTS, and the call goes on: the next
+    turn is a fresh request. Clients get an :class:`~agent.frames.ErrorFrame` with the fault's
+    code and a generic message (``stages.faults``), never the upstream text, which goes to
+    the log; ``errors`` counts the failures and the trace records each (the turn's
+    ``info.error`` and a call event). The history keeps only what was said: the chunks sent
+    to the TTS, marked truncated, or nothing of the turn when nothing was said (a request that
+    failed outright, e.g. too long for the context, then cannot poison every later one). The
+    apology itself stays out of the history: it is the agent's, not the model's.
+
     The stage owns the configured greeting: it speaks it once, from :meth:`start`, keeps it in
     the history as the agent's first words and traces it as the ``greeting`` turn, timed from
     the call's start. Text that other stages ask the agent to say (``TextToSpeak`` arriving
@@ -86,11 +102,15 @@ class LLMStage(QueuedStage):
         TextToSpeak, BotStartedSpeaking, BotStoppedSpeaking,
     })
 
-    def __init__(self, llm: ChatLLM, cfg: LLMConfig, agent: AgentConfig) -> None:
+    def __init__(
+        self, llm: ChatLLM, cfg: LLMConfig, agent: AgentConfig, apology: str = APOLOGY
+    ) -> None:
         super().__init__()
         self.llm = llm
         self.cfg = cfg
         self.agent = agent
+        self.apology = apology.strip()  # empty: a failed reply ends in silence (and its error)
+        self.errors = 0  # replies that failed
         self.history = ChatHistory(cfg.system_prompt, cfg.history_turns)
         self._greeted = False
         self._speaking = False
@@ -262,23 +282,40 @@ class LLMStage(QueuedStage):
             self.history.add_assistant(partial, truncated=True)
             self.push(LLMEnd(text=partial, cancelled=True))
             raise
-        except Exception:
-            # Close the reply so downstream stages are not left waiting; the failure itself
-            # becomes an ErrorFrame. A request that failed outright (too long for the context,
-            # server down) is forgotten, so it cannot poison every later request.
-            partial = "".join(reply.parts).strip()
-            if partial:
-                self.history.add_assistant(partial, truncated=True)
-            else:
-                self.history.discard_turn()
-            self.push(LLMEnd(text=partial, cancelled=True))
-            raise
+        except Exception as exc:
+            self._fail(reply, exc)
+            return
         answer = "".join(reply.parts).strip()
         self.history.add_assistant(answer)
         self.push(LLMEnd(text=answer))
         trace = self.ctx.trace
         if trace is not None:
             trace.note(reply=answer)
+
+    def _fail(self, reply: Reply, exc: Exception) -> None:
+        """The reply failed: the caller hears the apology after what was said, clients get
+        the fault's code, the log gets the detail, and the reply is closed so downstream
+        stages are not left waiting."""
+        code = exc.code if isinstance(exc, StageFault) else LLM_UNAVAILABLE
+        if isinstance(exc, StageFault):
+            log.warning("%s: the reply failed (%s): %s", self.name, code, exc)
+        else:
+            log.error("%s: the reply failed (%s)", self.name, code, exc_info=exc)
+        self.errors += 1
+        said = " ".join(reply.said)
+        if said:
+            self.history.add_assistant(said, truncated=True)
+        else:
+            self.history.discard_turn()
+        self.push(fault_frame(code, self.name))
+        trace = self.ctx.trace
+        if trace is not None:
+            trace.info(error=code)
+            trace.call_event("error", stage=self.name, code=code)
+            trace.note(reply=" ".join([said, self.apology]).strip())
+        if self.apology:
+            self.push(TextToSpeak(self.apology))
+        self.push(LLMEnd(text=said, cancelled=True))
 
     def _emit(self, reply: Reply, frame: Frame) -> None:
         if reply.confirmed:
@@ -313,6 +350,7 @@ class LLMStage(QueuedStage):
                 self.tokens_generated += 1
                 self._emit(reply, LLMTextDelta(token))
                 for chunk in chunks.feed(token):
+                    reply.said.append(chunk)
                     self.push(TextToSpeak(chunk, held=0 if reply.confirmed else reply.id))
                     trace = self.ctx.trace
                     if trace is not None and reply.confirmed:
@@ -322,6 +360,7 @@ class LLMStage(QueuedStage):
                     if first_chunk:
                         first_chunk = False
                         await self._yield_to_first_audio()
-        rest = chunks.flush()
+        rest = chunks.flush()  # only once the reply is complete: a failed one's tail is unsaid
         if rest:
+            reply.said.append(rest)
             self.push(TextToSpeak(rest, held=0 if reply.confirmed else reply.id))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 import time
 from collections import deque
@@ -25,7 +26,10 @@ from agent.frames import (
     TTSAudio,
 )
 from agent.stage import DOWN, QueuedStage, StageContext
+from stages.faults import APOLOGY, TTS_FAILED, fault_frame
 from stages.tts.base import TTS
+
+log = logging.getLogger("voxline.tts")
 
 _DONE = object()
 
@@ -45,15 +49,26 @@ class TTSStage(QueuedStage):
     a ``SpeculationResolved`` for its id arrives — confirmed: all of it goes on at once, and
     later chunks of that reply pass straight through; discarded: it is dropped, its queued
     chunks with it and its synthesis stopped, and nothing of it is ever heard.
+
+    When synthesis fails, the utterance is closed (its ``last`` frame), clients get an
+    :class:`~agent.frames.ErrorFrame` with the code ``tts_failed`` (the detail goes to the
+    log), ``errors`` counts it, and the stage tries to say ``apology`` in its place (held
+    like the text it replaces), so the caller hears why the agent stopped; the queue goes on
+    with the next text. The apology is tried once until a synthesis succeeds again (a voice
+    that fails on everything is not asked for an apology per sentence), never for the
+    apology's own text; if it fails too, the error event is what remains.
     """
 
     name = "tts"
     consumes = frozenset({TextToSpeak, SpeculationResolved})
 
-    def __init__(self, tts: TTS, cfg: TTSConfig) -> None:
+    def __init__(self, tts: TTS, cfg: TTSConfig, apology: str = APOLOGY) -> None:
         super().__init__()
         self.tts = tts
         self.cfg = cfg
+        self.apology = apology.strip()  # empty: a failed text is followed by silence
+        self.errors = 0  # texts whose synthesis failed
+        self._apologized = False  # since the last synthesis that worked
         self.chunk_samples = max(1, SAMPLE_RATE * cfg.chunk_ms // 1000)
         self._soxr = (
             require("soxr", what="the TTS resampler", extra="embedded")
@@ -124,9 +139,30 @@ class TTSStage(QueuedStage):
         assert isinstance(frame, TextToSpeak)
         self._speaking = frame
         try:
-            await self._say(frame)
+            try:
+                await self._say(frame)
+            except Exception as exc:
+                await self._fail(frame, exc)
+            else:
+                if frame.text.strip() and frame.text.strip() != self.apology:
+                    self._apologized = False
         finally:
             self._speaking = None
+
+    async def _fail(self, frame: TextToSpeak, exc: Exception) -> None:
+        log.error("%s: synthesizing %r failed (%s)", self.name, frame.text[:80], TTS_FAILED,
+                  exc_info=exc)
+        self.errors += 1
+        self._out(frame, fault_frame(TTS_FAILED, self.name))
+        if self.ctx.trace is not None:
+            self.ctx.trace.call_event("error", stage=self.name, code=TTS_FAILED)
+        if not self.apology or self._apologized or frame.text.strip() == self.apology:
+            return
+        self._apologized = True
+        try:
+            await self._say(TextToSpeak(self.apology, held=frame.held))
+        except Exception as again:
+            log.error("%s: the apology failed too", self.name, exc_info=again)
 
     async def _say(self, frame: TextToSpeak) -> None:
         self._out(frame, frame)

@@ -302,3 +302,96 @@ def test_a_server_that_stops_answering_times_out_with_a_clear_error() -> None:
     ):
         asyncio.run(consume(client(url, timeout_s=1.0)))
     assert seen == ["Hi"]
+
+
+# --- deadlines, bounds and fault codes (issue 18) ---------------------------------------------
+
+
+def test_keepalives_after_a_sentence_do_not_hold_the_reply_open() -> None:
+    """The old timeout was per read: a comment every 50 ms kept the reply open for good."""
+    from stages.llm.openai import LLMTimeoutError, ReplyDeadlines
+
+    seen: list[str] = []
+    pieces: list[bytes | float] = [b"data: " + chunk("One sentence. ") + b"\n\n"]
+    pieces += [0.05, b": keep-alive\n\n"] * 200  # ten seconds of nothing but pings
+
+    async def consume(llm: OpenAILLM) -> float:
+        t0 = time.monotonic()
+        try:
+            async for t in llm.stream(HELLO):
+                seen.append(t)
+        finally:
+            await llm.aclose()
+        return time.monotonic() - t0
+
+    deadlines = ReplyDeadlines(first_token_s=5.0, idle_s=0.5, total_s=30.0)
+    with scripted(200, pieces) as (url, _):
+        llm = OpenAILLM(LLMConfig(backend="openai", base_url=url, api_key=KEY), deadlines)
+        t0 = time.monotonic()
+        with pytest.raises(LLMTimeoutError, match="within 0.5 s of its last token") as info:
+            asyncio.run(consume(llm))
+    assert 0.4 <= time.monotonic() - t0 < 5.0  # not the ten seconds of pings
+    assert seen == ["One sentence. "] and info.value.code == "llm_timeout"
+
+
+def test_the_deadlines_default_from_timeout_s() -> None:
+    from stages.llm.openai import IDLE_TIMEOUT_S, REPLY_TIMEOUT_S, ReplyDeadlines
+
+    assert ReplyDeadlines.for_timeout(30.0) == ReplyDeadlines(30.0, IDLE_TIMEOUT_S, REPLY_TIMEOUT_S)
+    assert ReplyDeadlines.for_timeout(2.0) == ReplyDeadlines(2.0, 2.0, REPLY_TIMEOUT_S)
+    assert ReplyDeadlines.for_timeout(90.0).total_s == 90.0
+    assert client("http://127.0.0.1:9/v1", timeout_s=3.0).deadlines == ReplyDeadlines.for_timeout(3.0)
+
+
+def test_an_event_over_the_size_bound_is_a_bad_response() -> None:
+    from stages.llm.openai import LLMProtocolError
+
+    pieces: list[bytes | float] = [b"data: " + b"x" * 4000 + b"\n\n"]
+    with scripted(200, pieces) as (url, _):
+        llm = OpenAILLM(LLMConfig(backend="openai", base_url=url), max_event_size=1000)
+        with pytest.raises(LLMProtocolError, match="limit of 1000") as info:
+            asyncio.run(collect(llm))
+    assert info.value.code == "llm_bad_response"
+
+
+def test_a_200_that_is_no_event_stream_is_a_bad_response_not_an_empty_reply() -> None:
+    from stages.llm.openai import LLMProtocolError
+
+    page = [b"<html><body>Welcome to the proxy</body></html>\n"]
+    with (
+        scripted(200, page, "text/html") as (url, _),
+        pytest.raises(LLMProtocolError, match="ended without a reply"),
+    ):
+        asyncio.run(collect(client(url)))
+
+
+def test_malformed_json_in_an_event_is_a_bad_response() -> None:
+    from stages.llm.openai import LLMProtocolError
+
+    pieces: list[bytes | float] = [b'data: {"choices": [{"delta": {"content": "Hi\n\n']
+    with scripted(200, pieces) as (url, _), pytest.raises(LLMProtocolError) as info:
+        asyncio.run(collect(client(url)))
+    assert info.value.code == "llm_bad_response"
+
+
+def test_each_failure_carries_its_code() -> None:
+    from stages.faults import StageFault
+    from stages.llm.openai import LLMProtocolError, LLMTimeoutError
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(LLMConnectionError) as refused:
+        asyncio.run(collect(client(url)))
+    assert refused.value.code == "llm_unavailable" and isinstance(refused.value, StageFault)
+    body = json.dumps({"error": {"message": "overloaded"}}).encode()
+    with scripted(500, [body], "application/json") as (url, _), pytest.raises(LLMServerError) as e:
+        asyncio.run(collect(client(url)))
+    assert e.value.code == "llm_unavailable"
+    assert issubclass(LLMTimeoutError, LLMConnectionError) and LLMTimeoutError.code == "llm_timeout"
+    assert issubclass(LLMProtocolError, LLMServerError)
+
+
+def test_an_error_body_is_read_only_up_to_a_bound() -> None:
+    huge = b'{"error": {"message": "' + b"y" * (4 << 20) + b'"}}'
+    with scripted(500, [huge], "application/json") as (url, _), pytest.raises(LLMServerError) as e:
+        asyncio.run(collect(client(url)))
+    assert e.value.status == 500 and len(str(e.value)) < 2000

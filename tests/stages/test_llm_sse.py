@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from stages.llm.sse import SSEEvent, SSEParser
+import time
+
+import pytest
+
+from stages.llm.sse import MAX_SIZE, SSEEvent, SSEParser, SSEProtocolError
 
 
 def parse(*chunks: bytes, close: bool = True) -> list[SSEEvent]:
@@ -79,3 +83,71 @@ def test_close_delivers_a_last_event_without_its_blank_line() -> None:
     assert [e.data for e in parse(b"data: a\n\ndata: tail")] == ["a", "tail"]
     assert [e.data for e in parse(b"data: a\n\ndata: tail\n")] == ["a", "tail"]
     assert [e.data for e in parse(b"data: a\n\ndata: tail", close=False)] == ["a"]
+
+
+def test_a_cr_at_the_very_end_still_ends_the_last_event_on_close() -> None:
+    assert [e.data for e in parse(b"data: a\r\rdata: tail\r")] == ["a", "tail"]
+
+
+def test_a_retry_of_non_ascii_digits_is_ignored_not_an_exception() -> None:
+    p = SSEParser()
+    assert p.feed("retry: ²\ndata: x\n\n".encode()) == [SSEEvent("x")]
+    assert p.retry_ms is None
+
+
+# --- bounds and cost (issue 18: a 2 MB line in 100-B chunks cost 4.7 s, the buffer unbounded) ---
+
+
+def test_a_2_mb_line_in_100_byte_chunks_parses_in_linear_time() -> None:
+    p = SSEParser(max_size=4 << 20)  # room for the whole line: the cost, not the bound, is tested
+    piece = b"a" * 100
+    t0 = time.perf_counter()
+    for _ in range(20_000):
+        assert p.feed(piece) == []
+    events = p.feed(b"\n")  # the line ends: a field named "aaa…" with no value, ignored
+    elapsed = time.perf_counter() - t0
+    assert events == [] and elapsed < 0.3, f"{elapsed:.3f} s"  # was 4.7-5.9 s
+
+
+def test_many_lines_in_one_chunk_parse_in_linear_time() -> None:
+    # 400,000 events in one 3.6 MB chunk: the old parser looked for a CR from every line to the
+    # chunk's end (~9 s); one scan takes well under a second even on busy cores.
+    t0 = time.perf_counter()
+    events = SSEParser().feed(b"data: x\n\n" * 400_000)
+    elapsed = time.perf_counter() - t0
+    assert len(events) == 400_000 and elapsed < 3.0, f"{elapsed:.3f} s"
+
+
+def test_a_line_over_the_limit_is_the_protocol_error() -> None:
+    p = SSEParser(max_size=1000)
+    assert p.feed(b"data: " + b"x" * 900) == []
+    with pytest.raises(SSEProtocolError, match="limit of 1000"):
+        p.feed(b"x" * 200)  # still no line break: the buffer never grows past the bound
+
+
+def test_a_long_line_ended_in_the_same_chunk_is_the_protocol_error_too() -> None:
+    with pytest.raises(SSEProtocolError, match="limit of 1000"):
+        SSEParser(max_size=1000).feed(b"data: " + b"x" * 2000 + b"\n\n")
+
+
+def test_the_default_limit_is_1_mib_and_a_2_mb_line_fails_early() -> None:
+    p = SSEParser()
+    assert p.max_size == MAX_SIZE == 1 << 20
+    fed = 0
+    with pytest.raises(SSEProtocolError):
+        for _ in range(20_000):
+            p.feed(b"a" * 100)
+            fed += 100
+    assert MAX_SIZE - 100 < fed <= MAX_SIZE  # the chunk that passes the bound is the one refused
+
+
+def test_an_event_whose_data_lines_pass_the_limit_is_the_protocol_error() -> None:
+    p = SSEParser(max_size=1000)
+    with pytest.raises(SSEProtocolError, match="event's data"):
+        p.feed(b"data: " + b"y" * 100 + b"\n" * 1 + (b"data: " + b"y" * 100 + b"\n") * 10)
+
+
+def test_data_within_the_limit_across_events_is_fine() -> None:
+    p = SSEParser(max_size=1000)
+    events = p.feed((b"data: " + b"z" * 600 + b"\n\n") * 5)
+    assert [len(e.data) for e in events] == [600] * 5

@@ -19,6 +19,7 @@ from agent.frames import (
     Transcript,
     UserTurnEnded,
 )
+from stages.faults import APOLOGY, LLM_UNAVAILABLE, fault_frame
 from stages.llm.local import LocalLLM
 from stages.llm.stage import LLMStage
 
@@ -119,23 +120,32 @@ def test_interrupt_cancels_the_reply_and_keeps_only_what_was_said(llm: LocalLLM)
     assert not last_end.cancelled and last_end.text  # the stage went on serving
 
 
-def test_a_failing_request_becomes_an_error_frame_and_the_stage_goes_on(llm: LocalLLM) -> None:
-    too_long = "word " * 2000  # far beyond the 512-token context
+def test_a_failing_local_request_is_apologized_for_and_the_stage_goes_on(llm: LocalLLM) -> None:
+    """The local backend raising (here: a turn far beyond the 512-token context) gets what a
+    failing server gets: the apology, an error event with a code and no detail, a counter."""
+    too_long = "word " * 2000
 
     async def main() -> Harness:
         async with Harness(llm) as h:
             h.pipeline.push(UserTurnEnded(too_long), DOWN)
-            await h.until(lambda fs: any(isinstance(f, ErrorFrame) for f in fs))
+            await h.until(lambda fs: ends(fs) == 1)
             h.pipeline.push(UserTurnEnded("Hello there."), DOWN)
             await h.until(lambda fs: ends(fs) == 2)
             return h
 
     h = asyncio.run(main())
     (error,) = h.of(ErrorFrame)
-    assert error.stage == "llm" and "context" in error.message.lower()
+    assert error.stage == "llm" and error.message == fault_frame(LLM_UNAVAILABLE, "llm").message
+    assert "context" not in error.message and "token" not in error.message  # the detail is logged
     failed, answered = h.of(LLMEnd)
-    assert failed.cancelled and not answered.cancelled and answered.text
+    assert failed.cancelled and failed.text == "" and not answered.cancelled and answered.text
+    sorry = h.frames[h.frames.index(error) + 1]
+    assert isinstance(sorry, TextToSpeak) and sorry.text == APOLOGY
+    assert h.frames.index(sorry) < h.frames.index(failed)
+    assert h.stage.errors == 1
     assert [e.content for e in h.stage.history.entries if e.role == "user"] == ["Hello there."]
+    assert APOLOGY not in [e.content for e in h.stage.history.entries]
+    assert [(e["event"], e["code"]) for e in h.trace.call_events] == [("error", LLM_UNAVAILABLE)]
 
 
 def test_generation_pauses_after_the_first_chunk_until_its_audio_is_out(llm: LocalLLM) -> None:

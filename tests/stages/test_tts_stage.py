@@ -164,3 +164,85 @@ def test_leading_silence_is_trimmed_to_10_ms_and_never_more_than_300(piper: Pipe
     assert dropped == -1 and len(rest) == 3000 + 100 - (LEAD_MAX - 3000) and rest[-1] == 3000
     rest, dropped = _trim_lead(np.concatenate([quiet[:500], voice]), 0)
     assert len(rest) == LEAD_KEEP + 100 and dropped == -1
+
+
+# --- faults (issue 18) ------------------------------------------------------------------------
+
+
+def test_the_apology_is_said_by_both_voices_with_the_dash_as_a_pause(
+    espeak: EspeakTTS, piper: PiperTTS
+) -> None:
+    from stages.faults import APOLOGY
+
+    as_pause = APOLOGY.replace(" —", ";")
+    # Piper reads text through its phonemizer: the dash becomes the pause a ";" is, no word
+    assert piper._voice.phonemize(APOLOGY) == piper._voice.phonemize(as_pause)
+    seconds = [
+        sum(len(c) for c in espeak.synthesize(t)) / espeak.sample_rate for t in (APOLOGY, as_pause)
+    ]
+    assert seconds[0] > 1.5 and abs(seconds[0] - seconds[1]) < 0.15, seconds  # no "em dash"
+
+
+class FailsOn:
+    """eSpeak NG that raises for the texts in ``bad``."""
+
+    def __init__(self, inner: EspeakTTS, *bad: str) -> None:
+        self.inner = inner
+        self.bad = set(bad)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.inner.sample_rate
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]:
+        if text in self.bad:
+            raise RuntimeError(f"cannot say {text!r} with /srv/voices/v.onnx")
+        return self.inner.synthesize(text)
+
+    def warmup(self) -> None:
+        pass
+
+
+def test_a_failed_synthesis_is_closed_reported_and_apologized_for(espeak: EspeakTTS) -> None:
+    from agent.frames import ErrorFrame
+    from stages.faults import APOLOGY, TTS_FAILED, fault_frame
+
+    async def main() -> tuple[list[Frame], int]:
+        async with Harness(FailsOn(espeak, "Bad one.")) as h:
+            h.pipeline.push(TextToSpeak("Bad one."), DOWN)
+            h.pipeline.push(TextToSpeak("Good one."), DOWN)
+            await h.until(lambda fs: [f.text for f in fs if isinstance(f, TTSAudio) and f.last]
+                          == ["Bad one.", APOLOGY, "Good one."])
+            return h.frames, h.stage.errors
+
+    frames, errors = asyncio.run(main())
+    kinds = [type(f).__name__ for f in frames[:3]]
+    assert kinds == ["TextToSpeak", "TTSAudio", "ErrorFrame"]  # said, closed, then reported
+    (error,) = [f for f in frames if isinstance(f, ErrorFrame)]
+    assert error.message == fault_frame(TTS_FAILED, "tts").message and "/srv" not in error.message
+    assert errors == 1
+    said = [f.text for f in frames if isinstance(f, TextToSpeak)]
+    assert said == ["Bad one.", APOLOGY, "Good one."]
+
+
+def test_a_held_texts_failure_and_its_apology_wait_for_the_speculation(espeak: EspeakTTS) -> None:
+    from agent.frames import ErrorFrame, SpeculationResolved
+    from stages.faults import APOLOGY
+
+    async def run(confirmed: bool) -> list[Frame]:
+        async with Harness(FailsOn(espeak, "Held.")) as h:
+            h.pipeline.push(TextToSpeak("Held.", held=7), DOWN)
+            await asyncio.sleep(0.5)  # synthesized (and failed, and apologized) meanwhile
+            assert h.frames == [] and not h.stage.busy  # nothing of it is out yet
+            h.pipeline.push(SpeculationResolved(7, confirmed=confirmed), DOWN)
+            h.pipeline.push(TextToSpeak("Next."), DOWN)
+            await h.until(lambda fs: any(isinstance(f, TTSAudio) and f.last and f.text == "Next."
+                                         for f in fs))
+            return h.frames
+
+    heard = asyncio.run(run(True))
+    assert [f.text for f in heard if isinstance(f, TextToSpeak)] == ["Held.", APOLOGY, "Next."]
+    assert sum(isinstance(f, ErrorFrame) for f in heard) == 1
+    unheard = asyncio.run(run(False))
+    assert [f.text for f in unheard if isinstance(f, TextToSpeak)] == ["Next."]
+    assert not any(isinstance(f, ErrorFrame) for f in unheard)
