@@ -191,7 +191,8 @@ async def handoff_socket(conn: Conn, sid: int, pcm: np.ndarray) -> float:
 async def handoff_shm(conn: Conn, sid: int, pcm: np.ndarray) -> tuple[float, float]:
     """(time to create the segment and write the PCM into it, time from then to FINAL)."""
     t0 = time.perf_counter()
-    shm = shared_memory.SharedMemory(create=True, size=pcm.nbytes)
+    shm = shared_memory.SharedMemory(name=wire.shm_name(os.getpid(), os.urandom(8).hex()),
+                                     create=True, size=pcm.nbytes)
     try:
         np.ndarray(len(pcm), np.int16, buffer=shm.buf)[:] = pcm
         t1 = time.perf_counter()

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 from agent.errors import ConfigError
-from transports.auth import TokenAuth, is_loopback
+from agent.netaddr import host_name, is_loopback, is_loopback_name
+from transports.auth import TokenAuth
 from transports.twilio.signature import SIGNATURE_HEADER, signature_matches
 
 TWILIO_TOKEN_HELP = "--twilio-auth-token or $TWILIO_AUTH_TOKEN"
@@ -91,17 +92,6 @@ class Ticket:
             self._admission._release(self)
 
 
-def _hostname(authority: str) -> str:
-    """``host`` of ``host:port`` / ``[v6]:port``, lower-case; "" if it cannot be read."""
-    try:
-        return (urlsplit("//" + authority).hostname or "").lower()
-    except ValueError:  # a malformed bracket or port
-        return ""
-
-
-def is_loopback_name(name: str) -> bool:
-    return name == "localhost" or name.endswith(".localhost") or is_loopback(name)
-
 
 class Admission:
     """The policy of one server (one port), shared by every route it serves.
@@ -152,7 +142,7 @@ class Admission:
             parts = urlsplit(public_url.lower())
             scheme = {"wss": "https", "ws": "http"}.get(parts.scheme, parts.scheme)
             self.allowed_origins |= {f"{scheme}://{parts.netloc}"}
-            self.allowed_hosts |= {_hostname(parts.netloc)}
+            self.allowed_hosts |= {host_name(parts.netloc)}
         self.active = 0
         self.per_client: Counter[str] = Counter()
         self.refused: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
@@ -219,7 +209,7 @@ class Admission:
         if request.route.is_twilio:
             return None
         host = request.headers.get("Host", "")
-        name = _hostname(host)
+        name = host_name(host)
         if host and not self.exposed and "*" not in self.allowed_hosts and not (
             is_loopback_name(name) or name in self.allowed_hosts
         ):

@@ -4,21 +4,13 @@ bound to loopback with no public URL (where only this host can reach it)."""
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import secrets
 from collections.abc import Mapping
 
+from agent.netaddr import is_loopback
+
 TOKEN_PARAM = "token"
 TOKEN_HEADER = "X-Voxline-Token"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class TokenAuth:
@@ -50,4 +42,8 @@ class TokenAuth:
             scheme, _, value = headers.get("Authorization", "").partition(" ")
             if scheme.lower() == "bearer":
                 given = value.strip()
-        return hmac.compare_digest(given.encode(), self.token.encode())
+        try:
+            presented = given.encode()
+        except UnicodeEncodeError:  # header bytes that were not UTF-8 (aiohttp escapes them)
+            return False
+        return hmac.compare_digest(presented, self.token.encode())

@@ -16,10 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.netaddr import is_loopback
 from agent.session import Session
 from transports import jsonwire
 from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
-from transports.auth import TokenAuth, is_loopback
+from transports.auth import TokenAuth
 from transports.websocket import codec
 from transports.websocket.call import IDLE_TIMEOUT_S, WebSocketCall
 

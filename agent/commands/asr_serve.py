@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -23,56 +24,108 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "use it with --asr-backend remote --asr-model SOCKET.",
     )
     p.add_argument("--socket", metavar="PATH", default=None,
-                   help="Unix socket to listen on (default: /tmp/voxline-asr.sock)")
+                   help="Unix socket to listen on (default: $XDG_RUNTIME_DIR/voxline/asr.sock, "
+                        "else /tmp/voxline-$UID/asr.sock, in a directory only you can enter); "
+                        "created 0600, only your own processes may connect")
+    p.add_argument("--socket-group", metavar="GROUP", default=None,
+                   help="also let this group's members connect (the socket becomes 0660)")
+    p.add_argument("--max-audio-seconds", type=float, default=3600.0, metavar="S",
+                   help="longest whole file (HTTP upload, shared memory, file stream); decoding "
+                        "stops past it (default 3600: 115 MB of 16-kHz PCM16)")
+    p.add_argument("--max-streams-per-connection", type=int, default=0, metavar="N",
+                   help="streams one socket connection may hold (default: half of --asr-slots)")
     p.add_argument("--http", metavar="HOST:PORT", default=None,
                    help="also serve the OpenAI-compatible endpoint here, e.g. 127.0.0.1:8300")
+    p.add_argument("--token", default=os.environ.get("VOXLINE_ASR_TOKEN", ""),
+                   help="token HTTP clients must send (Authorization: Bearer TOKEN, the OpenAI "
+                        "SDK's api_key; default $VOXLINE_ASR_TOKEN). Required off loopback: a "
+                        "random one is made and printed when none is given")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name the HTTP endpoint answers to besides loopback's "
+                        "(repeatable; '*' any). Bound to loopback, other names are refused, "
+                        "which stops DNS rebinding; off loopback, only once one is given")
     p.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB",
                    help="largest HTTP upload (default 25 MB)")
+    p.add_argument("--max-uploads", type=int, default=4, metavar="N",
+                   help="HTTP uploads taken at once; more get 503 (default 4)")
+    p.add_argument("--http-header-timeout", type=float, default=10.0, metavar="S",
+                   help="an HTTP connection that has sent no whole request (headers) within "
+                        "this is closed, as is one idle this long (default 10)")
+    p.add_argument("--http-upload-timeout", type=float, default=60.0, metavar="S",
+                   help="an HTTP upload must arrive whole within this, else 408 (default 60)")
     add_config_flags(p, sections=["asr", "runtime"])
     p.set_defaults(func=main)
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(f"--http expects HOST:PORT (e.g. 127.0.0.1:8300), got {text!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def main(args: argparse.Namespace) -> int:
     from agent import runtime
-    from stages.asr import wire
+    from stages.asr import local_socket
 
     cfg = config_from_args(args)
     if cfg.asr.slots < 1:
         raise ConfigError(f"--asr-slots must be at least 1, got {cfg.asr.slots}")
+    if not args.max_audio_seconds > 0:
+        raise ConfigError(f"--max-audio-seconds must be positive, got {args.max_audio_seconds}")
+    if args.max_uploads < 1:
+        raise ConfigError(f"--max-uploads must be at least 1, got {args.max_uploads}")
+    for flag, value in (("--http-header-timeout", args.http_header_timeout),
+                        ("--http-upload-timeout", args.http_upload_timeout)):
+        if not value > 0:
+            raise ConfigError(f"{flag} must be positive, got {value}")
+    if args.max_streams_per_connection < 0:
+        raise ConfigError("--max-streams-per-connection must be at least 1 (0: half the slots)")
     http = parse_host_port(args.http) if args.http else None
-    return runtime.run(_serve(cfg, args.socket or wire.DEFAULT_SOCKET, http, args), cfg.runtime)
+    return runtime.run(_serve(cfg, args.socket or local_socket.default_path(), http, args),
+                       cfg.runtime)
 
 
 async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: argparse.Namespace) -> int:
     from agent.presets import backend_class
     from agent.runtime import event_loop_name, freeze_after_warmup
+    from stages.asr.local_socket import group_id
     from stages.asr.server import ASRServer
     from stages.asr.stage import make_engine
+    from transports.auth import TokenAuth
 
+    group = group_id(args.socket_group) if args.socket_group else None
     t0 = time.monotonic()
     backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
     backend.warmup()
     engine = make_engine(backend, cfg.asr)
     server = ASRServer(engine, partial_interval_ms=cfg.asr.partial_interval_ms,
                        max_utterance_s=cfg.asr.max_utterance_s,
-                       commit_after_s=cfg.asr.commit_after_s, language=cfg.asr.language)
+                       commit_after_s=cfg.asr.commit_after_s, language=cfg.asr.language,
+                       max_file_s=args.max_audio_seconds,
+                       max_streams=args.max_streams_per_connection)
     try:
-        await server.start_unix(path)
+        await server.start_unix(path, group)
         where = [f"unix:{path}"]
+        made_token = ""
         if http is not None:
-            port = await server.start_http(http[0], http[1], args.max_upload_mb)
-            where.append(f"http://{http[0]}:{port}/v1/audio/transcriptions")
+            auth = TokenAuth.for_host(http[0], args.token)
+            made_token = auth.token if auth.required and not args.token else ""
+            port = await server.start_http(
+                http[0], http[1], args.max_upload_mb,
+                token_check=auth if auth.required else None,
+                allowed_hosts=tuple(args.allow_host), max_uploads=args.max_uploads,
+                header_timeout_s=args.http_header_timeout,
+                body_timeout_s=args.http_upload_timeout)
+            host = f"[{http[0]}]" if ":" in http[0] else http[0]
+            where.append(f"http://{host}:{port}/v1/audio/transcriptions")
         freeze_after_warmup(cfg.runtime)
         print(f"asr-serve: {cfg.asr.backend} ready in {time.monotonic() - t0:.1f} s, "
               f"{cfg.asr.slots} slots, {event_loop_name(cfg.runtime)} loop; listening on "
               f"{' and '.join(where)}", flush=True)
+        if made_token:  # told once, to whoever started the server; never logged
+            print(f"asr-serve: HTTP clients need the token {made_token} (Authorization: Bearer "
+                  "TOKEN; pass --token to choose it)", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -2,26 +2,39 @@
 moment near each limit (:func:`stages.asr.cutting.cut_points`, a cheap energy minimum, no VAD
 model), then transcribe the chunks together.
 
-asr-serve uses it for shared-memory files, whole-file socket streams and HTTP uploads.
+asr-serve uses it for shared-memory files, whole-file socket streams and HTTP uploads, each
+through its client's :class:`~stages.asr.engine_share.EngineShare` of the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
 from agent.audio import int16_to_float
+from stages.asr.backend import Hypothesis
 from stages.asr.cutting import Segment, cut_points, joined
-from stages.asr.engine import ASREngine
 from stages.asr.slots import Slot
 
 __all__ = ["Segment", "cut_points", "joined", "transcribe_long"]
 
 
+class Submits(Protocol):
+    """What transcribing needs of the engine: an :class:`~stages.asr.engine.ASREngine`, or a
+    client's :class:`~stages.asr.engine_share.EngineShare` of one."""
+
+    @property
+    def max_batch(self) -> int: ...
+
+    def submit(self, slot: Slot, audio: np.ndarray, final: bool = False,
+               prompt: str = "") -> asyncio.Future[Hypothesis | None]: ...
+
+
 async def transcribe_long(
-    engine: ASREngine,
+    engine: Submits,
     slot: Slot,
     pcm: np.ndarray,
     on_segment: Callable[[Segment], None] | None = None,

@@ -4,13 +4,20 @@ Connections are asyncio protocols fed into the sans-I/O :mod:`stages.asr.wire` d
 thread and no task per connection, so thousands of idle connections cost only their buffers.
 Each open stream holds one engine slot; model work runs on the engine's worker thread. The
 OpenAI-compatible HTTP endpoint (:mod:`stages.asr.openai_api`) can share the same loop.
+
+What one client may take is bounded: streams (slots) per connection, audio held in server memory
+per connection and in all, model calls in the engine per connection (an
+:class:`~stages.asr.engine_share.EngineShare`, so one client's backlog never queues ahead of
+another's requests). Who may connect is checked on every connection (:mod:`stages.asr.local_socket`),
+and a shared-memory segment is copied out through its file descriptor, never mapped: a client
+that shrinks its segment meanwhile gets an error, and cannot crash the server (a mapping would
+die with SIGBUS).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import mmap
 import os
 import stat
 from dataclasses import dataclass, field, replace
@@ -19,9 +26,11 @@ from typing import Any
 import numpy as np
 
 from agent.errors import CapacityError
-from stages.asr import wire
+from stages.asr import local_socket, wire
 from stages.asr.backend import Hypothesis
 from stages.asr.engine import ASREngine
+from stages.asr.engine_share import EngineShare
+from stages.asr.local_socket import Peer, PeerPolicy
 from stages.asr.long_audio import joined, transcribe_long
 from stages.asr.slots import Slot
 from stages.asr.stream import ASRStream, Cancel, Failure, Kind, Request, Result, StreamConfig
@@ -40,6 +49,11 @@ log = logging.getLogger("voxline.asr.server")
 
 RATE = wire.SAMPLE_RATE
 OPTIONS = {"partials": bool, "file": bool, "events": bool}
+MIB = 1 << 20
+SHM_READ = 1 << 20  # bytes of a segment copied per step: well under a millisecond of the loop
+MAX_REFUSED = 1024  # refused streams a connection may leave without their END
+WRITE_BUFFER = 1 << 20  # bytes of results owed to a client before its requests are paused
+FORBIDDEN_LINGER_S = 1.0  # a refused peer's connection is ended this long after its answer
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +65,7 @@ class Stream:
     core: ASRStream | None = None  # None: a whole file, transcribed at END
     events: bool = False  # the client sends VAD events; else the stream is one utterance
     file: bytearray | None = None  # whole-file mode: PCM16 gathered until END
+    buffered: int = 0  # bytes of this stream's audio held in server memory (file or segment copy)
     heard: int = 0  # samples received
     segments: list[str] = field(default_factory=list)  # without events: finals of its parts
     requests: dict[int, asyncio.Future] = field(default_factory=dict)  # model calls out, by id
@@ -68,6 +83,15 @@ class ASRServer:
     one FINAL comes at END. Past ``max_utterance_s`` an utterance is cut at a quiet point, so a
     stream may be any length. Whole files (OPEN ``{"file": true}`` or a shared-memory segment)
     are cut into chunks and transcribed as batches.
+
+    Limits, per connection unless said: ``max_streams`` open at once (default half the slots, so
+    one client never holds them all); ``max_in_engine`` model calls in the engine at once
+    (default two batches per lane: enough to keep the engine busy alone, and what a newcomer
+    waits behind per other client); ``max_buffered_mb`` of whole-file audio and segment copies
+    held in memory (default 128 MiB ≈ 70 min of PCM16, past the longest file) and
+    ``max_buffered_total_mb`` over all connections (default 512 MiB); ``max_file_s`` for one
+    whole file, socket or HTTP (default an hour: 115 MB of PCM16). Beyond a limit the stream is
+    refused with ``LIMIT`` and the connection goes on.
     """
 
     def __init__(
@@ -80,6 +104,10 @@ class ASRServer:
         max_message: int = wire.MAX_MESSAGE,
         max_file_s: float = 3600.0,
         language: str = "en",
+        max_streams: int = 0,
+        max_in_engine: int = 0,
+        max_buffered_mb: float = 128.0,
+        max_buffered_total_mb: float = 512.0,
     ) -> None:
         self.engine = engine
         self.stream_cfg = StreamConfig.from_ms(RATE, partial_interval_ms, max_utterance_s,
@@ -87,30 +115,45 @@ class ASRServer:
         self.max_message = max_message
         self.max_file_samples = int(max_file_s * RATE)
         self.language = language
+        self.max_streams = max_streams or max(1, engine.pool.capacity // 2)
+        self.max_in_engine = max_in_engine or 2 * engine.lanes * engine.max_batch
+        self.max_buffered = int(max_buffered_mb * MIB)
+        self.max_buffered_total = int(max_buffered_total_mb * MIB)
+        self.buffered = 0  # bytes of audio all connections hold in memory
+        self.policy = PeerPolicy(os.geteuid())
         self.connections: set[Connection] = set()
         self.protocol_errors = 0
+        self.refused_peers = 0
         self._servers: list[asyncio.AbstractServer] = []
         self._http: Any = None
         self.decode_pool: Any = None
 
+    def share(self) -> EngineShare:
+        """A new client's share of the engine (a connection, an HTTP upload)."""
+        return EngineShare(self.engine, self.max_in_engine)
+
     # --- listening ---------------------------------------------------------------------------
-    async def start_unix(self, path: str) -> None:
-        """Listen on the Unix socket ``path`` (a stale socket file there is replaced)."""
-        try:
-            if stat.S_ISSOCK(os.stat(path).st_mode):
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
+    async def start_unix(self, path: str, group: int | None = None) -> None:
+        """Listen on the Unix socket ``path``, mode 0600 (0660 and owned by ``group``); only
+        processes of this user (or root, or ``group``'s members) may talk to it. The default
+        path's directory is made private first; a stale socket of this user's is replaced."""
+        if path == local_socket.default_path():
+            local_socket.private_dir(path, group)
+        sock = local_socket.listen(path, group)
+        self.policy = PeerPolicy(os.geteuid(), group)
         loop = asyncio.get_running_loop()
-        # A deep backlog: a thousand clients connecting at once must not see EAGAIN.
-        srv = await loop.create_unix_server(lambda: Connection(self), path, backlog=4096)
+        srv = await loop.create_unix_server(lambda: Connection(self), sock=sock)
         self._servers.append(srv)
 
-    async def start_http(self, host: str, port: int, max_upload_mb: float = 25.0) -> int:
-        """Serve ``POST /v1/audio/transcriptions`` on ``host:port``; returns the bound port."""
-        from stages.asr.openai_api import start
+    async def start_http(self, host: str, port: int, max_upload_mb: float = 25.0,
+                         **options: Any) -> int:
+        """Serve ``POST /v1/audio/transcriptions`` on ``host:port``; returns the bound port.
+        ``options``: the other fields of :class:`stages.asr.openai_api.HTTPOptions` (the token
+        check — required off loopback —, the allowed Host names, concurrent uploads, timeouts)."""
+        from stages.asr.openai_api import HTTPOptions, start
 
-        self._http, bound = await start(self, host, port, max_upload_mb)
+        opts = HTTPOptions(max_upload_mb=max_upload_mb, **options)
+        self._http, bound = await start(self, host, port, opts)
         return bound
 
     async def close(self) -> None:
@@ -143,6 +186,9 @@ class Connection(asyncio.Protocol):
         self.refused: set[int] = set()  # streams refused at OPEN: their audio is ignored quietly
         self.tasks: set[asyncio.Task] = set()
         self.transport: asyncio.Transport | None = None
+        self.peer: Peer | None = None
+        self.share = server.share()
+        self.buffered = 0  # bytes of this connection's audio held in memory
         self.closed = False
         self.sent = 0  # messages written to the client
         self.handled = 0  # messages received from the client
@@ -151,8 +197,41 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(self)
+        # Past this much owed to a client that is not reading, its requests wait (below): high
+        # enough that a client sending a long stream before it reads (10,000 partials) goes on.
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER)
+        sock = transport.get_extra_info("socket")
+        self.peer = local_socket.peer_of(sock) if sock is not None else None
+        if not self.server.policy.allows(self.peer):
+            self._forbid()
+
+    def _forbid(self) -> None:
+        """Refuse this peer: say why, then hang up. Closing at once, with the client's first
+        frames unread, would reset the connection and could lose the answer; so the server
+        stops writing, ignores what comes, and ends it when the client does (1 s at most)."""
+        self.server.refused_peers += 1
+        self._send(wire.encode_error(0, ErrorCode.FORBIDDEN,
+                                     "this asr-serve takes connections from its own user only "
+                                     "(and its --socket-group)"))
+        self.closed = True  # nothing it sends is handled
+        assert self.transport is not None
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        asyncio.get_running_loop().call_later(FORBIDDEN_LINGER_S, self.abort)
+
+    def pause_writing(self) -> None:
+        # The client is not reading its results: stop reading its requests until it does, so
+        # what the server owes it stays bounded by one read's worth.
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
         for msg in self.decoder.feed(data):
             if self.closed:
                 return
@@ -180,6 +259,7 @@ class Connection(asyncio.Protocol):
             task.cancel()
         for stream in list(self.streams.values()):
             self._release(stream)
+        self.share.close()
 
     # --- messages ----------------------------------------------------------------------------
     def _handle(self, msg: wire.Message) -> None:
@@ -235,6 +315,11 @@ class Connection(asyncio.Protocol):
         if sid in self.streams:
             self._send(wire.encode_error(sid, ErrorCode.BAD_REQUEST, f"stream {sid} is already open"))
             return None
+        if len(self.streams) >= self.server.max_streams:
+            self._refuse(sid, ErrorCode.LIMIT,
+                         f"this connection holds {len(self.streams)} streams, the most one "
+                         "connection may: end one before opening another")
+            return None
         try:
             slot = self.engine.open()
         except CapacityError as exc:
@@ -246,6 +331,8 @@ class Connection(asyncio.Protocol):
         return stream
 
     def _refuse(self, sid: int, code: ErrorCode, message: str) -> None:
+        if len(self.refused) >= MAX_REFUSED:  # refused streams never ended: forget the oldest
+            self.refused.clear()
         self.refused.add(sid)
         self._send(wire.encode_error(sid, code, message))
 
@@ -269,6 +356,10 @@ class Connection(asyncio.Protocol):
             if stream.heard > self.server.max_file_samples:
                 self._drop(stream, ErrorCode.BAD_REQUEST, "the file is longer than "
                            f"{self.server.max_file_samples / RATE:.0f} s — send it in parts")
+                return
+            refusal = self._hold(stream, len(msg.pcm))
+            if refusal:
+                self._drop(stream, ErrorCode.LIMIT, refusal)
                 return
             stream.file += msg.pcm
             return
@@ -321,7 +412,7 @@ class Connection(asyncio.Protocol):
             elif isinstance(out, Cancel):
                 fut = stream.requests.get(out.id)
                 if fut is not None:
-                    self.engine.cancel(fut)
+                    self.share.cancel(fut)
             elif isinstance(out, Failure):
                 if out.kind is Kind.PARTIAL or out.kind is Kind.COMMIT:
                     log.warning("asr-serve: stream %d: a partial failed: %s", stream.id,
@@ -356,7 +447,7 @@ class Connection(asyncio.Protocol):
                                            flags))
 
     def _submit(self, stream: Stream, req: Request) -> None:
-        fut = self.engine.submit(stream.slot, req.audio, final=req.final, prompt=req.prompt)
+        fut = self.share.submit(stream.slot, req.audio, final=req.final, prompt=req.prompt)
         stream.requests[req.id] = fut
 
         def done(f: asyncio.Future[Hypothesis | None]) -> None:
@@ -369,7 +460,7 @@ class Connection(asyncio.Protocol):
 
     async def _finish_file(self, stream: Stream, pcm: np.ndarray) -> None:
         try:
-            segments = await transcribe_long(self.engine, stream.slot, pcm)
+            segments = await transcribe_long(self.share, stream.slot, pcm)
             self._send(wire.encode_final(stream.id, joined(segments), len(pcm)))
         except Exception as exc:
             self._send(wire.encode_error(stream.id, ErrorCode.INTERNAL, f"transcription failed: {exc}"))
@@ -377,48 +468,38 @@ class Connection(asyncio.Protocol):
             self._release(stream)
 
     def _shared_memory(self, msg: SharedMemoryFile) -> None:
-        if msg.samples > self.server.max_file_samples or msg.size != 2 * msg.samples:
+        if not 0 < msg.samples <= self.server.max_file_samples or msg.size != 2 * msg.samples:
             self._send(wire.encode_error(
                 msg.stream, ErrorCode.BAD_REQUEST,
-                f"bad SHM request: size must be 2 × samples and at most "
+                f"bad SHM request: size must be 2 × samples, at least one and at most "
                 f"{self.server.max_file_samples / RATE:.0f} s (got size {msg.size}, samples {msg.samples})"))
             return
-        try:
-            shm = _attach(msg.name)
-        except (OSError, ValueError) as exc:
-            self._send(wire.encode_error(msg.stream, ErrorCode.BAD_REQUEST,
-                                         f"cannot open shared memory {msg.name!r}: {exc}"))
-            return
-        if shm.size < msg.size:
-            shm.close()
-            self._send(wire.encode_error(msg.stream, ErrorCode.BAD_REQUEST,
-                                         f"shared memory {msg.name!r} holds {shm.size} bytes, "
-                                         f"fewer than the {msg.size} announced"))
+        if not wire.shm_name_ok(msg.name, self.peer.pid if self.peer is not None else None):
+            self._send(wire.encode_error(msg.stream, ErrorCode.BAD_REQUEST, _unusable(msg)))
             return
         stream = self._new_stream(msg.stream)
         if stream is None:
             self.refused.discard(msg.stream)  # no END follows a SHM request
-            shm.close()
             return
         stream.ended = True
-        self._spawn(self._finish_shared(stream, shm, msg.samples))
+        refusal = self._hold(stream, msg.size)
+        if refusal:
+            self._drop(stream, ErrorCode.LIMIT, refusal)
+            self.refused.discard(msg.stream)
+            return
+        self._spawn(self._finish_shared(stream, msg))
 
-    async def _finish_shared(self, stream: Stream, shm: _Mapped, samples: int) -> None:
+    async def _finish_shared(self, stream: Stream, msg: SharedMemoryFile) -> None:
         try:
-            # A view straight onto the client's pages: nothing crosses the socket but the name.
-            pcm = np.frombuffer(shm.buf, dtype="<i2", count=samples)
-            try:
-                segments = await transcribe_long(self.engine, stream.slot, pcm)
-            finally:
-                del pcm
-            self._send(wire.encode_final(stream.id, joined(segments), samples))
+            pcm = await _copy_segment(msg.name, msg.size, self.peer)
+            if pcm is None:
+                self._send(wire.encode_error(stream.id, ErrorCode.BAD_REQUEST, _unusable(msg)))
+                return
+            segments = await transcribe_long(self.share, stream.slot, pcm)
+            self._send(wire.encode_final(stream.id, joined(segments), msg.samples))
         except Exception as exc:
             self._send(wire.encode_error(stream.id, ErrorCode.INTERNAL, f"transcription failed: {exc}"))
         finally:
-            try:
-                shm.close()
-            except BufferError:  # a view outlived the call (in a traceback): the GC unmaps it later
-                log.debug("asr-serve: shared memory still referenced at close")
             self._release(stream)
 
     # --- plumbing ----------------------------------------------------------------------------
@@ -427,13 +508,34 @@ class Connection(asyncio.Protocol):
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def _hold(self, stream: Stream, n: int) -> str:
+        """Count ``n`` more bytes of ``stream``'s audio held in memory; a refusal's text when
+        that passes this connection's or the server's limit (nothing is counted then)."""
+        srv = self.server
+        if self.buffered + n > srv.max_buffered:
+            return (f"this connection would hold more than {srv.max_buffered / MIB:.0f} MiB of "
+                    "whole-file audio in the server: wait for its files' results first")
+        if srv.buffered + n > srv.max_buffered_total:
+            return ("the server holds all the whole-file audio it may "
+                    f"({srv.max_buffered_total / MIB:.0f} MiB): try again shortly")
+        stream.buffered += n
+        self.buffered += n
+        srv.buffered += n
+        return ""
+
     def _release(self, stream: Stream) -> None:
         if self.streams.get(stream.id) is stream:
             del self.streams[stream.id]
+        if stream.buffered:
+            self.buffered -= stream.buffered
+            self.server.buffered -= stream.buffered
+            stream.buffered = 0
+            stream.file = None
         if not stream.released:
             stream.released = True
             if stream.core is not None:
                 stream.core.close()
+            self.share.forget(stream.slot)
             self.engine.close_slot(stream.slot)
 
     def _drop(self, stream: Stream, code: ErrorCode, message: str) -> None:
@@ -457,35 +559,49 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-class _Mapped:
-    """A client's shared-memory segment mapped read-only: the server can never write into it."""
-
-    __slots__ = ("buf", "size", "_mmap")
-
-    def __init__(self, mm: mmap.mmap) -> None:
-        self._mmap = mm
-        self.size = len(mm)
-        self.buf = memoryview(mm)
-
-    def close(self) -> None:
-        self.buf.release()  # raises BufferError while an array still views it
-        self._mmap.close()
+def _unusable(msg: SharedMemoryFile) -> str:
+    """One answer whatever was wrong with a segment — a name not of this client's process, no
+    such segment, another user's, smaller than announced, shrunk while read — so an error tells
+    nothing about segments the client did not make."""
+    return (f"shared memory {msg.name!r} cannot be used: it must be a segment this client "
+            f"process made, named {wire.SHM_PREFIX}<pid>-<hex>, holding the {msg.size} bytes "
+            "announced until the answer comes")
 
 
-def _attach(name: str) -> _Mapped:
-    """Map the segment ``multiprocessing.shared_memory.SharedMemory(create=True)`` made in the
-    client. Not through ``SharedMemory(name=...)``: before Python 3.13 that registers the segment
-    with this process's resource tracker, which would unlink the client's segment when the server
-    exits (or, in one process, unregister the creator's entry)."""
+async def _copy_segment(name: str, size: int, peer: Peer | None) -> np.ndarray | None:
+    """The first ``size`` bytes of the client's segment ``name`` as int16 samples, copied out
+    through its file descriptor a step at a time; None if it is not a segment of ``peer``'s
+    process and user of at least ``size`` bytes, or shrinks while it is read.
+
+    Not mapped: a mapping of a segment its owner then truncates kills the reader with SIGBUS
+    (the whole server), while ``pread`` past the new end returns short. Not through
+    ``SharedMemory(name=...)`` either: before Python 3.13 that registers the segment with this
+    process's resource tracker, which would unlink the client's segment when the server exits."""
     import _posixshmem  # what SharedMemory itself uses on POSIX
 
-    if not name or "/" in name or "\0" in name:
-        raise ValueError("a shared-memory name is a single path component")
-    fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
+    if not wire.shm_name_ok(name, peer.pid if peer is not None else None):
+        return None
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            raise ValueError("the segment is empty")
-        return _Mapped(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+        fd = _posixshmem.shm_open("/" + name, os.O_RDONLY | os.O_NOFOLLOW, mode=0o600)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_size < size
+                or (peer is not None and st.st_uid != peer.uid)):
+            return None
+        pcm = np.empty(size // 2, "<i2")
+        view = memoryview(pcm).cast("B")
+        at = 0
+        while at < size:
+            n = os.preadv(fd, [view[at : at + SHM_READ]], at)
+            if n <= 0:
+                return None  # the segment shrank under us
+            at += n
+            await asyncio.sleep(0)
+        return pcm
+    except OSError:
+        return None
     finally:
         os.close(fd)
+

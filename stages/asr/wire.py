@@ -18,6 +18,10 @@ utf-8``: the text covers stream samples ``[start, end)``, its first ``stable`` c
 of the utterance up to a pause, LAST — no more results follow on this stream), ERROR (``code
 u16 | message utf-8``).
 
+Shared-memory segments are named ``voxline-asr-<pid>-<hex>`` (:func:`shm_name`): the pid is the
+client process's, so a server that knows its peer's pid (``SO_PEERCRED``) reads only segments
+that peer made (:func:`shm_name_ok`), never another process's, and a name has no path in it.
+
 Memory: a :class:`Decoder` holds at most one incomplete frame, so a connection costs at most
 ``max_message`` bytes of buffer (default 1 MiB ≈ 32 s of PCM16) plus whatever it was fed in one
 call; a length above ``max_message`` is refused as soon as its 4 header bytes arrive, before any
@@ -27,12 +31,12 @@ payload is buffered.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
 from typing import Any
 
-DEFAULT_SOCKET = "/tmp/voxline-asr.sock"
 SAMPLE_RATE = 16_000
 MAX_MESSAGE = 1 << 20  # 1 MiB: 32 s of PCM16 in one AUDIO frame
 MAX_TEXT = 64 << 10  # options, texts and error messages stay small
@@ -44,6 +48,8 @@ _RESULT = struct.Struct(">QQIB")
 _EVENT = struct.Struct(">BQQ")
 _ERROR = struct.Struct(">H")
 _MAX_STREAM = 0xFFFF_FFFF
+SHM_PREFIX = "voxline-asr-"
+_SHM_NAME = re.compile(r"voxline-asr-([0-9]{1,10})-[0-9a-f]{8,64}")
 
 
 class Kind(IntEnum):
@@ -75,6 +81,8 @@ class ErrorCode(IntEnum):
     UNKNOWN_STREAM = 3  # AUDIO/END for a stream that is not open
     BAD_REQUEST = 4  # a well-formed frame asking for something invalid (bad options, bad shm)
     INTERNAL = 5  # the engine failed on this stream's audio
+    LIMIT = 6  # a per-connection limit (streams held, audio buffered): this stream is refused
+    FORBIDDEN = 7  # this peer may not use the server: the connection is closed after this error
 
 
 @dataclass(slots=True, frozen=True)
@@ -150,6 +158,21 @@ Message = Open | Audio | End | SharedMemoryFile | VADEvent | Partial | Final | E
 
 class ProtocolError(Exception):
     """The byte stream broke the framing rules; the peer's connection should be closed."""
+
+
+def shm_name(pid: int, tag: str) -> str:
+    """The name a client gives a segment it makes: its own ``pid`` and a random hex ``tag``."""
+    name = f"{SHM_PREFIX}{pid}-{tag}"
+    if not _SHM_NAME.fullmatch(name):
+        raise ValueError(f"a segment tag is 8-64 lowercase hex digits, got {tag!r}")
+    return name
+
+
+def shm_name_ok(name: str, pid: int | None) -> bool:
+    """Whether ``name`` is a segment name of :func:`shm_name`'s form made by process ``pid``
+    (``None``: any process — where the peer's pid cannot be known)."""
+    m = _SHM_NAME.fullmatch(name)
+    return m is not None and (pid is None or int(m.group(1)) == pid)
 
 
 # --- encoding ----------------------------------------------------------------------------------

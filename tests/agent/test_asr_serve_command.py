@@ -28,3 +28,34 @@ def test_help_shows_the_real_slot_default():
     help_text = " ".join(_asr_serve().format_help().split())
     assert f"--asr-slots N asr.slots (default: {ASRConfig().slots})" in help_text
     assert "default 64" not in help_text and "--slots" not in help_text.replace("--asr-slots", "")
+
+
+def test_the_listener_flags_and_their_defaults():
+    p = _asr_serve()
+    args = p.parse_args([])
+    assert args.socket is None  # the private per-user default, worked out at start
+    assert (args.max_audio_seconds, args.max_uploads, args.max_upload_mb) == (3600.0, 4, 25.0)
+    assert (args.http_header_timeout, args.http_upload_timeout) == (10.0, 60.0)
+    assert args.allow_host == [] and args.socket_group is None
+    assert args.max_streams_per_connection == 0
+    help_text = " ".join(p.format_help().split())
+    assert "/tmp/voxline-asr.sock" not in help_text
+    assert "$XDG_RUNTIME_DIR/voxline/asr.sock" in help_text
+    args = p.parse_args(["--token", "t0k", "--allow-host", "asr.lan", "--allow-host", "x",
+                         "--socket-group", "audio", "--max-audio-seconds", "600"])
+    assert args.token == "t0k" and args.allow_host == ["asr.lan", "x"]
+    assert args.socket_group == "audio" and args.max_audio_seconds == 600.0
+
+
+def test_http_host_port_is_checked():
+    import pytest
+
+    from agent.commands.asr_serve import parse_host_port
+    from agent.errors import ConfigError
+
+    assert parse_host_port("127.0.0.1:8300") == ("127.0.0.1", 8300)
+    assert parse_host_port("[::1]:0") == ("::1", 0)
+    assert parse_host_port(":8300") == ("127.0.0.1", 8300)
+    for bad in ("8300", "host:", "h:70000", "h:²"):
+        with pytest.raises(ConfigError, match="HOST:PORT"):
+            parse_host_port(bad)

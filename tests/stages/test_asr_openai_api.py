@@ -15,6 +15,7 @@ import speech
 
 from stages.asr import openai_api
 from stages.asr.cutting import cut_points
+from stages.asr.engine_share import EngineShare
 
 RATE = 16000
 
@@ -54,6 +55,9 @@ class StandIn:
     language: str = "en"
     max_file_samples: int = 60 * RATE
 
+    def share(self) -> EngineShare:
+        return EngineShare(self.engine, 4)
+
 
 def wav_bytes(pcm: np.ndarray) -> bytes:
     buf = io.BytesIO()
@@ -71,7 +75,8 @@ def post_all(uploads, max_file_s=60.0):
     server = StandIn(CountingEngine(), max_file_samples=int(max_file_s * RATE))
 
     async def main():
-        runner, port = await openai_api.start(server, "127.0.0.1", 0, max_upload_mb=4)
+        runner, port = await openai_api.start(server, "127.0.0.1", 0,
+                                              openai_api.HTTPOptions(max_upload_mb=4))
         url = f"http://127.0.0.1:{port}{openai_api.PATH}"
         try:
             async with httpx.AsyncClient(timeout=60) as http:

@@ -28,3 +28,15 @@ def test_the_engine_runs_one_lane_per_declared_call_and_finals_alone():
         assert engine.lanes == DEFAULT_LANES and engine.finals_alone
     finally:
         engine.close()
+
+
+def test_without_a_socket_given_it_uses_the_private_default(monkeypatch, tmp_path):
+    from stages.asr.local_socket import default_path
+
+    monkeypatch.delenv("VOXLINE_ASR_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    tmp_path.chmod(0o700)
+    assert RemoteASRBackend(ASRConfig()).path == default_path() == str(tmp_path / "voxline" / "asr.sock")
+    monkeypatch.setenv("VOXLINE_ASR_SOCKET", "/elsewhere.sock")
+    assert RemoteASRBackend(ASRConfig()).path == "/elsewhere.sock"
+    assert RemoteASRBackend(ASRConfig(model="/given.sock")).path == "/given.sock"

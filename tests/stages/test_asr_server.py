@@ -210,7 +210,7 @@ def test_a_stream_with_vad_events_gets_speculative_partials_and_a_final_per_utte
 
 def test_many_streams_on_one_connection(backend, pcm, tmp_path):
     async def main():
-        engine, server, path = await serve(backend, tmp_path)
+        engine, server, path = await serve(backend, tmp_path, max_streams=3)
         c = await Client.connect(path)
         await asyncio.gather(*(c.stream(sid, pcm[name], options={"partials": False})
                                for sid, name in [(1, "kittens"), (2, "quilter"), (3, "honest")]))
@@ -233,9 +233,15 @@ def long_file():
     return speech.joined(speech.LONG_FILE, gap_s=0.5, tail_s=0.5)
 
 
-def test_shared_memory_file_is_read_in_place_and_batched(backend, pcm, tmp_path):
+def segment(size):
+    """A shared-memory segment named the way asr-serve takes them (this process's pid)."""
+    return shared_memory.SharedMemory(name=wire.shm_name(os.getpid(), os.urandom(8).hex()),
+                                      create=True, size=size)
+
+
+def test_shared_memory_file_is_copied_out_and_batched(backend, pcm, tmp_path):
     audio, text = long_file()
-    shm = shared_memory.SharedMemory(create=True, size=audio.nbytes)
+    shm = segment(audio.nbytes)
     try:
         np.ndarray(len(audio), np.int16, buffer=shm.buf)[:] = audio
 
@@ -263,11 +269,14 @@ def test_shared_memory_file_is_read_in_place_and_batched(backend, pcm, tmp_path)
     assert stats.batch_sizes == {chunks: 1}  # all chunks in one backend call
 
 
+MISSING = wire.shm_name(os.getpid(), "0" * 16)
+
+
 def test_bad_shared_memory_requests_get_errors_and_the_connection_stays(backend, pcm, tmp_path):
     async def main():
         engine, server, path = await serve(backend, tmp_path)
         c = await Client.connect(path)
-        c.send(wire.encode_shm(1, "voxline-no-such-segment", 64, 32),
+        c.send(wire.encode_shm(1, MISSING, 64, 32),
                wire.encode_shm(2, "x", 63, 32),
                wire.encode_shm(3, "../etc/passwd", 64, 32))
         errors = [await c.final(sid) for sid in (1, 2, 3)]
@@ -280,8 +289,10 @@ def test_bad_shared_memory_requests_get_errors_and_the_connection_stays(backend,
 
     errors, final, in_use = asyncio.run(main())
     assert [e.code for e in errors] == [wire.ErrorCode.BAD_REQUEST] * 3
-    assert "cannot open shared memory" in errors[0].message
+    assert "cannot be used: it must be a segment this client process made" in errors[0].message
     assert "size must be 2 × samples" in errors[1].message
+    # the same words whether the name is badly formed or names no segment: no oracle
+    assert errors[2].message == errors[0].message.replace(MISSING, "../etc/passwd")
     assert isinstance(final, wire.Final) and wer(ref("honest"), final.text) <= MAX_WER, final.text
     assert in_use == 0
 
@@ -398,7 +409,7 @@ def test_disconnect_mid_stream_frees_the_slot_within_a_second(backend, pcm, tmp_
 
 def test_a_full_pool_refuses_only_the_new_stream(backend, pcm, tmp_path):
     async def main():
-        engine, server, path = await serve(backend, tmp_path, capacity=2)
+        engine, server, path = await serve(backend, tmp_path, capacity=2, max_streams=2)
         a = await Client.connect(path)
         a.send(wire.encode_open(1, {"partials": False}), wire.encode_open(2, {"partials": False}))
         await until_true(lambda: engine.pool.in_use == 2)

@@ -161,3 +161,22 @@ def test_encoding_refuses_odd_audio_and_bad_stream_ids():
         wire.encode_audio(1, b"\x00")
     with pytest.raises(ValueError):
         wire.encode_end(-1)
+
+
+def test_shared_memory_names_carry_the_clients_pid_and_no_path():
+    name = wire.shm_name(4242, "0123456789abcdef")
+    assert name == "voxline-asr-4242-0123456789abcdef"
+    assert wire.shm_name_ok(name, 4242) and wire.shm_name_ok(name, None)
+    assert not wire.shm_name_ok(name, 4243)  # another process's
+    for bad in ("psm_1234abcd", "voxline-asr-4242-../../etc", "/voxline-asr-4242-0123456789abcdef",
+                "voxline-asr-4242-0123456789ABCDEF", "voxline-asr-4242-0123", "voxline-asr--abcdefgh",
+                "voxline-asr-4242-0123456789abcdef\0", "voxline-asr-٤٢-0123456789abcdef"):
+        assert not wire.shm_name_ok(bad, None), bad
+    with pytest.raises(ValueError):
+        wire.shm_name(1, "not hex!")
+
+
+def test_the_limit_and_forbidden_codes_round_trip():
+    for code in (wire.ErrorCode.LIMIT, wire.ErrorCode.FORBIDDEN):
+        (msg,) = Decoder().feed(wire.encode_error(0, code, "no"))
+        assert msg == Error(0, code, "no")

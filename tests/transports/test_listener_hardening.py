@@ -265,3 +265,22 @@ def test_a_twilio_stream_that_goes_quiet_is_ended(new_session, pool, monkeypatch
         await server.stop()
 
     asyncio.run(main())
+
+
+def test_a_token_header_that_is_not_utf8_is_refused_not_a_server_error(new_session):
+    async def main():
+        server = await _serve(new_session, host="0.0.0.0", token="s3cret")
+        loop = asyncio.get_running_loop()
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.setblocking(False)
+        await loop.sock_sendall(s, b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                   b"X-Voxline-Token: \xff\xfe\r\nConnection: close\r\n\r\n")
+        reply = b""
+        async with asyncio.timeout(5):
+            while chunk := await loop.sock_recv(s, 4096):
+                reply += chunk
+        s.close()
+        assert reply.startswith(b"HTTP/1.1 401"), reply[:80]
+        await server.stop()
+
+    asyncio.run(main())
