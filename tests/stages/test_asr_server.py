@@ -121,7 +121,9 @@ def test_a_stream_of_real_speech_gets_partials_then_a_final(backend, pcm, tmp_pa
     async def main():
         engine, server, path = await serve(backend, tmp_path)
         c = await Client.connect(path)
-        await c.stream(7, pcm["quilter"])
+        # at twice real time: a loaded machine still decodes every partial (faster, partials
+        # are shed under load and no two may agree on a stable prefix)
+        await c.stream(7, pcm["quilter"], pause_s=0.1)
         final = await c.final(7)
         c.close()
         free = await until_true(lambda: engine.pool.in_use == 0)
