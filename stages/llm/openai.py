@@ -118,6 +118,7 @@ class OpenAILLM:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         d = self.deadlines
+        self._orphans: set[asyncio.Future[Any]] = set()  # closings of cancelled requests
         # httpx's own per-read timeout is only a backstop: the deadlines end a reply first.
         self._client = httpx.AsyncClient(
             headers=headers,
@@ -211,12 +212,37 @@ class OpenAILLM:
         httpx = self._httpx
         loop = asyncio.get_running_loop()
         try:
-            return await stack.enter_async_context(self._client.stream("POST", self.url, json=body))
+            return await self._request(stack, body)
         except httpx.ConnectError:
             if loop.time() + _RETRY_PAUSE_S >= deadline:
                 raise
         await asyncio.sleep(_RETRY_PAUSE_S)
-        return await stack.enter_async_context(self._client.stream("POST", self.url, json=body))
+        return await self._request(stack, body)
+
+    async def _request(self, stack: AsyncExitStack, body: dict[str, Any]) -> Any:
+        """Send the request and wait for the response's headers, with that opening shielded
+        from cancellation. httpcore keeps a connection in its pool for good when a request is
+        cancelled while the connection is being set up (encode/httpcore#1093; measured: 18 of
+        400 replies cancelled within 20 ms leaked one each, and at the pool's 100 every reply
+        fails) — and calls cut mid-turn, discarded speculative replies and deadlines all
+        cancel. Cancelled, the opening runs to its end on its own and is then closed."""
+        opener = self._client.stream("POST", self.url, json=body)
+        opening = asyncio.ensure_future(opener.__aenter__())
+        try:
+            response = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(lambda done: self._close_orphan(done, opener))
+            raise
+        stack.push_async_exit(opener.__aexit__)
+        return response
+
+    def _close_orphan(self, opening: asyncio.Future[Any], opener: Any) -> None:
+        """The opening of a cancelled request has ended: close its response, if it got one."""
+        if opening.cancelled() or opening.exception() is not None:
+            return  # (the exception is retrieved: nothing to close, nothing to log)
+        closing = asyncio.ensure_future(opener.__aexit__(None, None, None))
+        self._orphans.add(closing)
+        closing.add_done_callback(self._orphans.discard)
 
     def _timeout(self, seconds: float, what: str) -> LLMTimeoutError:
         return LLMTimeoutError(
@@ -243,6 +269,7 @@ class OpenAILLM:
         return content if isinstance(content, str) else ""
 
     async def aclose(self) -> None:
+        await asyncio.gather(*self._orphans, return_exceptions=True)
         await self._client.aclose()
 
 

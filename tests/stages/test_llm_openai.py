@@ -395,3 +395,74 @@ def test_an_error_body_is_read_only_up_to_a_bound() -> None:
     with scripted(500, [huge], "application/json") as (url, _), pytest.raises(LLMServerError) as e:
         asyncio.run(collect(client(url)))
     assert e.value.status == 500 and len(str(e.value)) < 2000
+
+
+ECHO_SSE_SERVER = r'''
+import asyncio, json, sys
+from aiohttp import web
+
+async def complete(request):
+    await request.read()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for word in ("You ", "said ", "so."):
+        delta = {"choices": [{"delta": {"content": word}, "index": 0}]}
+        await resp.write(f"data: {json.dumps(delta)}\n\n".encode())
+        await asyncio.sleep(0.002)
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+async def main():
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+'''
+
+
+def test_replies_cancelled_while_connecting_leave_no_connection_behind() -> None:
+    # httpcore keeps a connection for good when a request is cancelled during its set-up
+    # (encode/httpcore#1093); calls cut mid-turn and discarded speculative replies cancel
+    # replies all the time, and at the pool's limit every later reply would fail
+    import random
+
+    srv = subprocess.Popen([sys.executable, "-c", ECHO_SSE_SERVER], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)  # (it logs the cut requests)
+    try:
+        url = srv.stdout.readline().strip()
+
+        async def main() -> tuple[int, list[str]]:
+            llm = OpenAILLM(LLMConfig(backend="openai", base_url=url))
+            rnd = random.Random(1)
+
+            async def consume() -> None:
+                async for _ in llm.stream(HELLO):
+                    await asyncio.sleep(0.005)
+
+            loop = asyncio.get_running_loop()
+            for max_ms in (2, 5, 20):
+                for _ in range(10):
+                    tasks = [asyncio.create_task(consume()) for _ in range(20)]
+                    await asyncio.sleep(0)
+                    for t in tasks:
+                        loop.call_later(rnd.uniform(0, max_ms) / 1000, t.cancel)
+                    await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(1.0)
+            pool = llm._client._transport._pool  # (the test reads httpcore's own state)
+            held = sum(not c.is_idle() and not c.is_closed() for c in pool.connections)
+            after = await collect(llm)  # and a reply still comes through
+            await llm.aclose()
+            return held, after
+
+        held, after = asyncio.run(main())
+        assert held == 0
+        assert "".join(after) == "You said so."
+    finally:
+        srv.terminate()
+        srv.wait(timeout=10)
