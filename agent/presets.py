@@ -69,6 +69,11 @@ class Models:
     turn: Any = None  # the turn model's scorer shared by every call (semantic endpointing)
 
 
+def asr_stats(engine: Any) -> dict[str, int]:
+    """What a server reports of the shared ASR engine (``/healthz``, the SIP stats line)."""
+    return {"asr_slots": engine.pool.capacity, "asr_slots_in_use": engine.pool.in_use}
+
+
 def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Models:
     """Load and warm up the configured backends (slow: seconds)."""
     vad = load(STAGES["vad_model"])(cfg.vad)  # one session; each call forks its own state

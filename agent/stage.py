@@ -247,7 +247,7 @@ class QueuedStage(Stage):
                 if cur is not None and not cur.done():
                     cur.cancel()
                 raise
-            except Exception as exc:  # a failing frame must not kill the stage
+            except Exception:  # a failing frame must not kill the stage
                 log.exception("%s failed on %s", self.name, type(frame).__name__)
                 # the detail is in the log; a client is told which stage failed, not why (an
                 # exception's text may name hosts, paths, models)

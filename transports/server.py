@@ -8,6 +8,7 @@ server goes on serving the others.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from importlib.resources import files
@@ -81,6 +82,7 @@ class VoiceServer:
         allowed_hosts: Sequence[str] = (),
         header_timeout_s: float = HEADER_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        extra_stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.new_session = new_session
         self.host = host
@@ -96,6 +98,9 @@ class VoiceServer:
         self.calls: dict[str, Any] = {}  # session id -> WebSocketCall | WebRTCCall
         self.served = 0
         self.dropped_audio = 0
+        self.frames_in = 0  # caller frames the finished WebSocket calls took
+        self.dropped_inbound = 0  # and dropped, over the real-time rate
+        self.extra_stats = extra_stats  # what the process adds to /healthz (its ASR slots)
         self.app = self._build_app()
         self._runner: web.AppRunner | None = None
 
@@ -158,6 +163,10 @@ class VoiceServer:
             "refused": self.refused,
             "refused_by": dict(self.admission.refused),
             "dropped_audio_frames": self.dropped_audio,
+            "audio_frames_in": self.frames_in,
+            "dropped_inbound_frames": self.dropped_inbound,
+            "tasks": len(asyncio.all_tasks()),
+            **(self.extra_stats() if self.extra_stats is not None else {}),
         }
 
     # --- handlers ----------------------------------------------------------------------------
@@ -210,6 +219,8 @@ class VoiceServer:
             try:
                 stats = await call.run()
                 self.dropped_audio += stats.dropped_audio
+                self.frames_in += stats.frames_in
+                self.dropped_inbound += stats.dropped_inbound
             finally:
                 live.discard(ws)
                 self.calls.pop(session.id, None)

@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     from agent import presets
-    from agent.presets import load_models
+    from agent.presets import asr_stats, load_models
     from agent.runtime import freeze_after_warmup
     from agent.session import Session
     from transports.server import VoiceServer
@@ -82,7 +82,8 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
                          webrtc_ptime_ms=args.webrtc_ptime, public_url=args.public_url,
                          twilio_auth_token=args.twilio_auth_token,
                          max_calls_per_client=args.max_calls_per_client,
-                         allowed_origins=args.allow_origin, allowed_hosts=args.allow_host)
+                         allowed_origins=args.allow_origin, allowed_hosts=args.allow_host,
+                         extra_stats=lambda: asr_stats(models.asr))
     if args.twilio:
         from transports.twilio.mount import add_twilio_routes
 

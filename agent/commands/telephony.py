@@ -168,6 +168,9 @@ class CallPrinter:
         elif kind == "call":
             print(f"[{call}] {ev['state']}" + (f" ({ev['reason']})" if ev.get("reason") else ""),
                   flush=True)
+        elif kind == "stats":
+            print(f"[{call}] " + ", ".join(f"{k} {v}" for k, v in ev.items() if k != "type"),
+                  flush=True)
 
 
 def session_factory(cfg: Config, models: Any, printer: CallPrinter | None = None) -> Any:
@@ -247,6 +250,14 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
     host, port = await server.start()
     print(f"voxline sip: listening on udp {host}:{port} (RTP {args.rtp_ports}); Ctrl-C stops",
           file=sys.stderr, flush=True)
+    from agent.presets import asr_stats
+
+    def report_stats() -> None:  # SIGUSR1: one stats line (SIP has no HTTP port for /healthz)
+        printer.emit("server", {"type": "stats", "calls": len(server.calls),
+                                "ended": len(server.reports), "tasks": len(asyncio.all_tasks()),
+                                **asr_stats(models.asr)})
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, report_stats)
     try:
         sig = await _until_signalled()
         print(f"voxline sip: {sig}: ending {len(server.calls)} call(s), refusing new ones",

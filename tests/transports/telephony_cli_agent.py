@@ -15,12 +15,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
+from types import SimpleNamespace
+
 from agent import cli  # noqa: E402
 from agent.commands import telephony  # noqa: E402
 from agent.frames import AudioIn, Direction, TTSAudio  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402
 from agent.session import Session  # noqa: E402
 from agent.stage import Stage  # noqa: E402
+from stages.asr.slots import SlotPool
 
 SLOW_STOP_S = 1.0
 
@@ -45,7 +48,8 @@ def session_factory(cfg: Any, models: Any, printer: Any = None) -> Any:
     return make
 
 
-telephony._load = lambda cfg: None  # no models to load
+# no models to load; a real slot pool stands for the ASR engine's in the stats line
+telephony._load = lambda cfg: SimpleNamespace(asr=SimpleNamespace(pool=SlotPool(4, 1.0)))
 telephony.session_factory = session_factory
 
 if __name__ == "__main__":

@@ -416,7 +416,10 @@ def test_media_aimed_at_a_third_party_is_refused_unless_its_network_is_allowed()
 def test_no_free_slot_is_answered_503_with_retry_after() -> None:
     async def main() -> None:
         made = Made(slots=1)
-        server = SipServer(made, port=0, rtp_ports=RTP_PORTS)
+        seen, ended = [], []
+        server = SipServer(made, port=0, rtp_ports=RTP_PORTS,
+                           on_call=lambda c: seen.append(c.call_id),
+                           on_end=lambda r: ended.append((r.call_id, r.reason)))
         caller = Caller(await server.start())
         try:
             await caller.call("first")
@@ -424,6 +427,8 @@ def test_no_free_slot_is_answered_503_with_retry_after() -> None:
             assert full.status == 503 and full.header("Retry-After") == "5"
             assert made.sessions[1].closed and made.pool.free == 0
             assert list(server.calls) == ["first"]
+            # a call whose start was announced gets its end record too (it never had one)
+            assert seen == ["first", "second"] and ended == [("second", "refused")]
         finally:
             caller.close()
             await server.stop()

@@ -99,6 +99,9 @@ def test_sip_sigterm_ends_the_live_call_with_a_bye_and_exits_0() -> None:
         if vox.proc.poll() is None:
             vox.proc.kill()
     assert rc == 0, vox.log()
+    stats = [e for e in vox.events() if e.get("type") == "stats"]
+    assert len(stats) == 1 and stats[0]["calls"] == 1 and stats[0]["asr_slots"] == 4, vox.log()
+    assert stats[0]["tasks"] > 0
     ended = [e for e in vox.events() if e.get("state") == "ended"]
     assert len(ended) == 1 and ended[0]["reason"] == "shutdown", vox.log()
     assert ended[0]["rtp_dropped"] == {"foreign": 0, "stray_ssrc": 0}
@@ -131,6 +134,8 @@ async def _sip_call_then_sigterm(port: int, vox: Voxline) -> None:
             rtp.sendto(out.packet(ulaw_encode(tone)).to_bytes(), media)
             await asyncio.sleep(0.02)
 
+        vox.proc.send_signal(signal.SIGUSR1)  # a stats line, the call going on
+        await asyncio.sleep(0.3)
         vox.proc.send_signal(signal.SIGTERM)
         bye = await recv()
         assert bye.method == "BYE" and bye.call_id == "live", vox.log()

@@ -242,6 +242,7 @@ class SipServer(asyncio.DatagramProtocol):
     async def _answer(self, offer: CallOffered) -> None:
         media: RtpMediaStream | None = None
         life: CallLifecycle | None = None
+        call: SipCall | None = None  # once made, on_call has seen it: it must see its end too
         try:
             async with asyncio.timeout(self.setup_timeout_s):
                 made = self.session_factory()
@@ -267,13 +268,19 @@ class SipServer(asyncio.DatagramProtocol):
                             err if isinstance(err, CapacityError) else "set-up timed out")
                 self._send(self.uas.reject(offer.call_id, 503, "Service Unavailable",
                                            retry_after=BUSY_RETRY_AFTER_S))
+                reason = "refused"
             else:
                 log.exception("call %s: could not set up the session", offer.call_id)
                 self._send(self.uas.reject(offer.call_id, 500, "Server Internal Error"))
-            await self._release(media, life, "error")
+                reason = "error"
+            summary = await self._release(media, life, reason)
+            if call is not None:
+                self._report(call, reason, summary)
             return
         if offer.call_id not in self.uas.dialogs:  # CANCELled while we were setting up
-            await self._release(media, life, "cancel")
+            summary = await self._release(media, life, "cancel")
+            if call is not None:
+                self._report(call, "cancel", summary)
             return
         self.calls[offer.call_id] = call
         call.hangup_watch = self._spawn(self._watch_hangup(call))
@@ -336,7 +343,12 @@ class SipServer(asyncio.DatagramProtocol):
             return
         if call.hangup_watch is not None and call.hangup_watch is not asyncio.current_task():
             call.hangup_watch.cancel()
-        summary = await self._release(call.media, call.life, reason)
+        self._report(call, reason, await self._release(call.media, call.life, reason))
+
+    def _report(self, call: SipCall, reason: str, summary: dict[str, Any]) -> None:
+        """The end record of ``call``, which ``on_call`` saw start (every such call gets one,
+        refused and cancelled ones too)."""
+        call_id = call.call_id
         js = call.media.jitter.stats
         report = CallReport(
             call_id, reason, time.monotonic() - call.started, call.media.stats,
