@@ -94,3 +94,13 @@ def test_arbitrary_bytes_parse_or_raise_sip_parse_error(data: bytes) -> None:
         parse_sip(data)
     except SipParseError as err:
         assert err.status in (400, 505, 513)
+
+
+def test_a_value_folded_onto_an_empty_header_has_no_leading_space() -> None:
+    # found by benchmarks/fuzz.py: " 1-24486@h" re-serialized and re-parsed was "1-24486@h",
+    # so one dialog could go by two Call-IDs
+    raw = (b"BYE sip:bot@h SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\nFrom: <sip:a@h>;tag=1"
+           b"\r\nTo: <sip:bot@h>;tag=2\r\nCall-ID:\r\n 1-24486@h\r\nCSeq: 2 BYE\r\n\r\n")
+    msg = parse_sip(raw)
+    assert msg.call_id == "1-24486@h"
+    assert parse_sip(msg.to_bytes()).call_id == msg.call_id

@@ -151,7 +151,9 @@ def parse_sip(data: bytes) -> SipMessage:
             if not msg.headers:
                 raise SipParseError(400, "Bad Request (continuation before any header)", msg)
             k, v = msg.headers[-1]
-            msg.headers[-1] = (k, f"{v} {line.strip()}")
+            # (onto an empty value it is the value: no leading space, or a Call-ID would
+            # differ from itself re-serialized — found by benchmarks/fuzz.py)
+            msg.headers[-1] = (k, f"{v} {line.strip()}".strip())
             continue
         name, colon, value = line.partition(":")
         if not colon or not _is_token(name.strip()):
