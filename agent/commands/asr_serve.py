@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
 
 async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: argparse.Namespace) -> int:
     from agent.presets import backend_class
-    from agent.runtime import event_loop_name, freeze_after_warmup
+    from agent.runtime import event_loop_name, freeze_after_warmup, keep_heap_trimmed
     from stages.asr.local_socket import group_id
     from stages.asr.server import ASRServer
     from stages.asr.stage import make_engine
@@ -120,6 +120,7 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
             host = f"[{http[0]}]" if ":" in http[0] else http[0]
             where.append(f"http://{host}:{port}/v1/audio/transcriptions")
         freeze_after_warmup(cfg.runtime)
+        keep_heap_trimmed(cfg.runtime)
         print(f"asr-serve: {cfg.asr.backend} ready in {time.monotonic() - t0:.1f} s, "
               f"{cfg.asr.slots} slots, {event_loop_name(cfg.runtime)} loop; listening on "
               f"{' and '.join(where)}", flush=True)

@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     from agent import presets
     from agent.presets import asr_stats, load_models
-    from agent.runtime import freeze_after_warmup
+    from agent.runtime import freeze_after_warmup, keep_heap_trimmed
     from agent.session import Session
     from transports.server import VoiceServer
 
@@ -91,6 +91,7 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     t_load = time.monotonic()
     models = load_models(cfg)
     freeze_after_warmup(cfg.runtime)
+    keep_heap_trimmed(cfg.runtime)
     await server.start()
     print(f"models ready in {time.monotonic() - t_load:.1f} s (asr {cfg.asr.backend}, "
           f"llm {cfg.llm.backend}, tts {cfg.tts.backend})", flush=True)

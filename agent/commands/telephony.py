@@ -223,6 +223,7 @@ def main_sip(args: argparse.Namespace) -> int:
 
 async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
     from agent.errors import ConfigError
+    from agent.runtime import keep_heap_trimmed
     from transports.sip.server import SipServer
 
     rtp_ports = _port_range(args.rtp_ports)
@@ -233,6 +234,7 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
                           "--rtp-timeout at least 0")
     printer = CallPrinter(args.json)
     models = _load(cfg)
+    keep_heap_trimmed(cfg.runtime)
     server = SipServer(
         session_factory(cfg, models, printer), host=args.host, port=args.port,
         rtp_ports=rtp_ports, media_address=args.media_address, max_calls=args.max_calls,
@@ -254,7 +256,7 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
 
     def report_stats() -> None:  # SIGUSR1: one stats line (SIP has no HTTP port for /healthz)
         printer.emit("server", {"type": "stats", "calls": len(server.calls),
-                                "ended": len(server.reports), "tasks": len(asyncio.all_tasks()),
+                                "ended": server.ended, "tasks": len(asyncio.all_tasks()),
                                 **asr_stats(models.asr)})
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, report_stats)
@@ -264,7 +266,7 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
               file=sys.stderr, flush=True)
     finally:
         await server.stop()  # new INVITEs 503; live calls get a BYE and their end records
-    print(f"voxline sip: stopped after {len(server.reports)} call(s)", file=sys.stderr,
+    print(f"voxline sip: stopped after {server.ended} call(s)", file=sys.stderr,
           flush=True)
     return 0
 
@@ -274,6 +276,7 @@ def main_twilio(args: argparse.Namespace) -> int:
 
 
 async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
+    from agent.runtime import keep_heap_trimmed
     from transports.admission import Admission
     from transports.twilio.server import TwilioServer
 
@@ -282,6 +285,7 @@ async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
               twilio_auth_token=args.twilio_auth_token).require_twilio()
     printer = CallPrinter(args.json)
     models = _load(cfg)
+    keep_heap_trimmed(cfg.runtime)
     server = TwilioServer(
         session_factory(cfg, models, printer), host=args.host, port=args.port,
         public_url=args.public_url, twilio_auth_token=args.twilio_auth_token,
@@ -302,6 +306,6 @@ async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
         # stops listening, then closes every live stream (1001, going away): each call's
         # session closes and its end record is printed before this returns
         await server.stop()
-    print(f"voxline twilio: stopped after {len(server.reports)} call(s)", file=sys.stderr,
+    print(f"voxline twilio: stopped after {server.ended} call(s)", file=sys.stderr,
           flush=True)
     return 0

@@ -75,7 +75,9 @@ class EspeakLibrary:
     def _on_audio(self, wav: Any, n: int, events: int | None) -> int:
         if n <= 0 or not wav or self._sink is None:
             return 0
-        pcm = np.ctypeslib.as_array(wav, shape=(n,)).copy()  # the library reuses its buffer
+        # a copy (the library reuses its buffer), read by address: np.ctypeslib.as_array would
+        # make and cache a ctypes array type for every length n, for the process's lifetime
+        pcm = np.frombuffer(ctypes.string_at(wav, 2 * n), dtype=np.int16).copy()
         return 0 if self._sink(pcm) else 1  # 1 aborts the synthesis
 
     def synthesize(

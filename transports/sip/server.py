@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from transports.sip.uas import (
     UserAgentServer,
 )
 
+REPORTS_KEPT = 100  # end records a server keeps in memory (its on_end callback sees all)
 log = logging.getLogger("voxline.sip")
 SessionFactory = Callable[[], Session | Awaitable[Session]]
 # after the agent's last packet, the caller's jitter buffer still holds some of its audio: the
@@ -122,7 +124,10 @@ class SipServer(asyncio.DatagramProtocol):
             invite_rate=InviteRateLimit(invite_rate, invite_burst),
             max_calls_per_source=max_calls_per_source, ack_timeout_s=ack_timeout_s)
         self.calls: dict[str, SipCall] = {}
-        self.reports: list[CallReport] = []
+        # the last REPORTS_KEPT calls' end records (a server runs for months: all of them
+        # would grow without bound); ``ended`` counts every call
+        self.reports: deque[CallReport] = deque(maxlen=REPORTS_KEPT)
+        self.ended = 0
         self._transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -357,6 +362,7 @@ class SipServer(asyncio.DatagramProtocol):
             summary, list(call.session.trace.turns),
         )
         self.reports.append(report)
+        self.ended += 1
         if self.on_end is not None:
             try:
                 self.on_end(report)

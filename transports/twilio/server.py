@@ -10,6 +10,7 @@ import asyncio
 import inspect
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,6 +24,7 @@ from transports.twilio.call import TwilioCall, TwilioCallStats
 from transports.twilio.messages import Start, Stop, TwilioMessageError, parse_message
 from transports.twilio.twiml import connect_stream_twiml, reject_twiml
 
+REPORTS_KEPT = 100  # end records a server keeps in memory (its on_end callback sees all)
 log = logging.getLogger("voxline.twilio")
 SessionFactory = Callable[[Start], Session | Awaitable[Session]]
 START_TIMEOUT_S = 10.0  # Twilio sends connected and start at once; anything slower is not Twilio
@@ -178,7 +180,10 @@ class TwilioServer:
         self.admission = Admission(host, max_calls=max_calls, public_url=public_url,
                                    twilio_auth_token=twilio_auth_token)
         self.admission.require_twilio()  # fail at start-up, not on the first call
-        self.reports: list[TwilioCallReport] = []
+        # the last REPORTS_KEPT calls' end records (a server runs for months: all of them
+        # would grow without bound); ``ended`` counts every call
+        self.reports: deque[TwilioCallReport] = deque(maxlen=REPORTS_KEPT)
+        self.ended = 0
         self._server: Any = None
         self._tickets: dict[Any, Ticket] = {}  # connection -> its place, from upgrade to close
         self._watchers: set[asyncio.Task[None]] = set()
@@ -262,6 +267,7 @@ class TwilioServer:
                 ticket.release()  # at once, not when the close handshake is over
         if report is not None:
             self.reports.append(report)
+            self.ended += 1
             if self.on_end is not None:
                 self.on_end(report)
 

@@ -1,0 +1,54 @@
+"""The servers' heap trimmer: memory a thread's malloc arena freed goes back to the OS."""
+
+import asyncio
+import subprocess
+import sys
+
+from agent.config import RuntimeConfig
+from agent.runtime import keep_heap_trimmed
+
+# In a fresh interpreter (the test process's own heap has a history): what a model runtime's
+# thread does — many small blocks in its own arena, freed, a few survivors scattered among
+# them so the arena cannot shrink by itself — then the trimmer runs for half a second.
+CHURN = r'''
+import asyncio, threading
+from agent.config import RuntimeConfig
+from agent.runtime import keep_heap_trimmed
+
+def rss():
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
+
+def work():
+    blocks = [bytearray(1024) for _ in range(120_000)]
+    threading.current_thread().kept = blocks[::500]
+
+async def main():
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    before = rss()
+    task = keep_heap_trimmed(RuntimeConfig(heap_trim_s=0.1))
+    await asyncio.sleep(0.5)
+    names = [th.name for th in threading.enumerate()]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    print(round(before - rss(), 1), "heap-trim_0" in names, task.done())
+
+asyncio.run(main())
+'''
+
+
+def test_the_trimmer_returns_freed_arena_memory_and_stops_when_cancelled():
+    out = subprocess.run([sys.executable, "-c", CHURN], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    returned_mb, had_thread, stopped = float(out[0]), out[1] == "True", out[2] == "True"
+    assert returned_mb > 30, out  # of the ~120 MB churned (measured: ~118 MB)
+    assert had_thread and stopped
+
+
+def test_off_it_starts_nothing():
+    async def main():
+        return keep_heap_trimmed(RuntimeConfig(heap_trim_s=0))
+
+    assert asyncio.run(main()) is None
