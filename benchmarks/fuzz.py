@@ -312,6 +312,8 @@ def main() -> int:
                     help="where findings go, one folder per target")
     ap.add_argument("--corpus-dir", help="keep the grown corpus here (default: a temp folder)")
     ap.add_argument("--json-out", default=str(RESULT))
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="targets fuzzed at once (each is its own process; one per core)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("libfuzzer", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -344,14 +346,18 @@ def main() -> int:
     print(head)
     crash_root = Path(args.crash_dir)
     corpus_root = Path(args.corpus_dir) if args.corpus_dir else None
-    for name in names:
-        r = run_target(TARGETS[name], args, crash_root / name, corpus_root)
-        res["targets"][name] = r
-        corpus = f"{r['corpus_units']}/{r['corpus_bytes'] / 1024:.1f}KiB"
-        print(f"{name:<9}{r['inputs']:>11,}{r['crashes']:>9}{r['hangs']:>7}"
-              f"{r['invariant_failures']:>11}{r['coverage_edges']:>6}{r['features']:>7}"
-              f"{corpus:>14}{r['seconds']:>9.1f}{r['inputs_per_s']:>10,}"
-              f"{r['inputs_per_cpu_s']:>9,}", flush=True)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # (threads that wait on processes)
+        done = pool.map(lambda n: (n, run_target(TARGETS[n], args, crash_root / n, corpus_root)),
+                        names)
+        for name, r in done:  # in the order asked, as each is ready
+            res["targets"][name] = r
+            corpus = f"{r['corpus_units']}/{r['corpus_bytes'] / 1024:.1f}KiB"
+            print(f"{name:<9}{r['inputs']:>11,}{r['crashes']:>9}{r['hangs']:>7}"
+                  f"{r['invariant_failures']:>11}{r['coverage_edges']:>6}{r['features']:>7}"
+                  f"{corpus:>14}{r['seconds']:>9.1f}{r['inputs_per_s']:>10,}"
+                  f"{r['inputs_per_cpu_s']:>9,}", flush=True)
     print("cov: edges of the parser's instrumented code reached; ft: libFuzzer's features (edges "
           "and hit-count buckets); corpus: inputs kept/their size; /CPU-s: inputs per CPU second")
     rows = res["targets"].values()
