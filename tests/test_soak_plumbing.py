@@ -385,10 +385,21 @@ def test_a_short_soak_runs_end_to_end(tmp_path: Path) -> None:
     if shutil.which("sipp") is None:
         pytest.skip("sipp is not installed (apt-get install -y sip-tester)")
     out = tmp_path / "soak.json"
+    # the repo's own clips (a clean checkout has no ../shared): a speech set of two
+    speech = tmp_path / "speech"
+    speech.mkdir()
+    data = Path(__file__).parent / "data"
+    lines = []
+    for name, seconds in (("ls-dev-clean-1988-24833-0000", 3.32),
+                          ("ls-dev-clean-1272-128104-0000", 5.855)):
+        shutil.copy(data / f"{name}.wav", speech / f"{name}.wav")
+        lines.append(json.dumps({"id": name, "path": f"{name}.wav", "duration_s": seconds,
+                                 "kind": "read"}))
+    (speech / "manifest.jsonl").write_text("\n".join(lines) + "\n")
     proc = subprocess.run(
         [sys.executable, str(BENCH / "soak.py"), "--minutes", "0.2", "--browser-calls", "1",
          "--sip-calls", "1", "--warmup-s", "2", "--settle-s", "1", "--sip-listen-s", "3",
-         "--sample-s", "1", "--json-out", str(out)],
+         "--sample-s", "1", "--speech", str(speech), "--json-out", str(out)],
         capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
     lines = proc.stdout.strip().splitlines()
