@@ -75,12 +75,14 @@ class ReplyDeadlines:
     total_s: float
 
     @classmethod
-    def for_timeout(cls, timeout_s: float) -> ReplyDeadlines:
-        """From the one ``[llm] timeout_s``: the first token within it, at most
-        ``IDLE_TIMEOUT_S`` between texts (never longer than the first token's wait), and the
-        whole reply within ``REPLY_TIMEOUT_S`` (or ``timeout_s`` when that is longer). A voice
-        reply of 48 tokens streams in a few seconds; 10 s without a word is a broken server."""
-        return cls(timeout_s, min(timeout_s, IDLE_TIMEOUT_S), max(timeout_s, REPLY_TIMEOUT_S))
+    def for_timeout(cls, timeout_s: float, idle_s: float = IDLE_TIMEOUT_S,
+                    total_s: float = REPLY_TIMEOUT_S) -> ReplyDeadlines:
+        """From ``[llm] timeout_s``, ``idle_timeout_s`` and ``reply_timeout_s``: the first token
+        within ``timeout_s``, at most ``idle_s`` between texts (never longer than the first
+        token's wait), and the whole reply within ``total_s`` (or ``timeout_s`` when that is
+        longer). A voice reply of 48 tokens streams in a few seconds; 10 s without a word is a
+        broken server."""
+        return cls(timeout_s, min(timeout_s, idle_s), max(timeout_s, total_s))
 
 
 class OpenAILLM:
@@ -108,9 +110,8 @@ class OpenAILLM:
         httpx = require("httpx", what="the OpenAI-compatible LLM client", extra="openai")
         self._httpx = httpx
         self.cfg = cfg
-        self.deadlines = deadlines or ReplyDeadlines(
-            cfg.timeout_s, min(cfg.idle_timeout_s, cfg.timeout_s),
-            max(cfg.reply_timeout_s, cfg.timeout_s))
+        self.deadlines = deadlines or ReplyDeadlines.for_timeout(
+            cfg.timeout_s, cfg.idle_timeout_s, cfg.reply_timeout_s)
         self.max_event_size = max_event_size
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         headers = {"Accept": "text/event-stream"}
