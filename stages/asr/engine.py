@@ -14,12 +14,14 @@ starves. The engine schedules from the backend's declared :class:`ASRCapabilitie
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -152,7 +154,7 @@ class ASREngine:
             kept = deque(r for r in self._queue if r.slot is not slot)
             for r in self._queue:
                 if r.slot is slot:
-                    r.loop.call_soon_threadsafe(_resolve, r.future, None)
+                    _answer(r, _resolve, None)
             self._queue = kept
             if state is not None and id(state) in self._running:
                 self._closing[id(state)] = state
@@ -219,7 +221,7 @@ class ASREngine:
             self._queue.clear()
             self._cv.notify_all()
         for r in pending:
-            r.loop.call_soon_threadsafe(_resolve, r.future, None)
+            _answer(r, _resolve, None)
         for t in self._threads:
             t.join(timeout=5)
 
@@ -248,7 +250,7 @@ class ASREngine:
                         stale_ns is not None and not r.final and now - r.enqueued_ns > stale_ns
                     ):
                         self.stats.dropped_stale += 1
-                        r.loop.call_soon_threadsafe(_resolve, r.future, None)
+                        _answer(r, _resolve, None)
                     else:
                         live.append(r)
                 batch = self._pick(live)
@@ -293,7 +295,7 @@ class ASREngine:
             except Exception as exc:  # a failing batch fails its requests, not the engine
                 log.exception("ASR backend failed on a batch of %d", len(batch))
                 for r in batch:
-                    r.loop.call_soon_threadsafe(_fail, r.future, exc)
+                    _answer(r, _fail, exc)
                 hyps = None
             finally:
                 busy = time.perf_counter() - t0
@@ -308,7 +310,7 @@ class ASREngine:
                 st.requests += len(batch)
                 st.batch_sizes[len(batch)] = st.batch_sizes.get(len(batch), 0) + 1
             for r, h in zip(batch, hyps, strict=True):
-                r.loop.call_soon_threadsafe(_resolve, r.future, h)
+                _answer(r, _resolve, h)
 
     def _call(self, batch: list[Request]) -> list[Hypothesis]:
         prompts: list[str] | None = None
@@ -340,6 +342,13 @@ class ASREngine:
                 self._streams.close_stream(state)
             except Exception:
                 log.exception("ASR backend failed to close a stream state")
+
+
+def _answer(r: Request, how: Callable[[asyncio.Future, Any], None], value: object) -> None:
+    """Hand ``value`` to the request's event loop; a loop already closed (its caller is gone,
+    e.g. an ``asyncio.run`` that ended) takes nothing, and the worker goes on."""
+    with contextlib.suppress(RuntimeError):
+        r.loop.call_soon_threadsafe(how, r.future, value)
 
 
 def _resolve(fut: asyncio.Future, value: object) -> None:

@@ -2,12 +2,12 @@
 final transcript per VAD utterance, with every model call on a worker thread off the event loop.
 
 The stage is a thin shell over :class:`stages.asr.stream.ASRStream` (which decides what to
-transcribe and when) and the process's shared :class:`ASREngine` (which runs the model calls).
+transcribe and when) and the process's shared :class:`ASREngine` (which runs the model calls),
+joined by a :class:`stages.asr.driver.StreamDriver`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from agent.config import ASRConfig
@@ -22,10 +22,11 @@ from agent.frames import (
     Transcript,
 )
 from agent.stage import DOWN, Direction, Stage, StageContext
-from stages.asr.backend import ASRBackend, Hypothesis
+from stages.asr.backend import ASRBackend
+from stages.asr.driver import StreamDriver
 from stages.asr.engine import ASREngine
 from stages.asr.slots import Slot
-from stages.asr.stream import ASRStream, Cancel, Failure, Kind, Request, StreamConfig
+from stages.asr.stream import ASRStream, Failure, Kind, Result, StreamConfig
 
 
 def stream_config(cfg: ASRConfig, rate: int, partials: bool = True) -> StreamConfig:
@@ -74,7 +75,7 @@ class StreamingASR(Stage):
         self._stream_cfg = stream_config(cfg, self.backend.sample_rate)
         self._slot: Slot | None = None
         self._stream: ASRStream | None = None
-        self._futures: dict[int, asyncio.Future[Hypothesis | None]] = {}  # by request id
+        self._driver: StreamDriver | None = None
         self.bypassed_chunks = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -92,13 +93,11 @@ class StreamingASR(Stage):
                 raise ConfigError(f"ASR engine slots are too small: {exc} "
                                   "(asr.max_utterance_s + 10 s)") from None
             self._slot = slot
+            self._driver = StreamDriver(self._stream, self.engine, slot, self._deliver, self._failed)
 
     async def stop(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-        for fut in self._futures.values():
-            fut.cancel()
-        self._futures.clear()
+        if self._driver is not None:
+            self._driver.close()
         if self._slot is not None and self.engine is not None:
             self.engine.close_slot(self._slot)  # zeroed and back in the pool
             self._slot = None
@@ -163,33 +162,15 @@ class StreamingASR(Stage):
         self._pump(core)
 
     def _pump(self, core: ASRStream) -> None:
-        """Carry out what the core asked for: model calls to the engine, transcripts
-        downstream, errors upstream."""
-        for out in core.take():
-            if isinstance(out, Request):
-                self._submit(core, out)
-            elif isinstance(out, Cancel):
-                fut = self._futures.get(out.id)
-                if fut is not None and self.engine is not None:
-                    self.engine.cancel(fut)
-            elif isinstance(out, Failure):
-                self.push_error(f"{self.name}: transcription failed: {out.message}")
-            else:
-                self.push(Transcript(out.text, final=out.final, start=out.start, end=out.end,
-                                     stable=out.stable, speculative=out.kind is Kind.SPECULATIVE))
-                trace = self.ctx.trace
-                if not out.final and out.audio_ns and trace is not None:
-                    trace.partial_lag((time.monotonic_ns() - out.audio_ns) / 1e6)
+        assert self._driver is not None and self._driver.core is core
+        self._driver.pump()
 
-    def _submit(self, core: ASRStream, req: Request) -> None:
-        assert self.engine is not None and self._slot is not None
-        fut = self.engine.submit(self._slot, req.audio, final=req.final, prompt=req.prompt)
-        self._futures[req.id] = fut
+    def _deliver(self, out: Result) -> None:
+        self.push(Transcript(out.text, final=out.final, start=out.start, end=out.end,
+                             stable=out.stable, speculative=out.kind is Kind.SPECULATIVE))
+        trace = self.ctx.trace
+        if not out.final and out.audio_ns and trace is not None:
+            trace.partial_lag((time.monotonic_ns() - out.audio_ns) / 1e6)
 
-        def done(f: asyncio.Future[Hypothesis | None]) -> None:
-            self._futures.pop(req.id, None)
-            if not core.closed:
-                core.settle(req.id, f)
-                self._pump(core)
-
-        fut.add_done_callback(done)
+    def _failed(self, out: Failure) -> None:
+        self.push_error(f"{self.name}: transcription failed: {out.message}")

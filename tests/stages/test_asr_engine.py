@@ -163,6 +163,27 @@ def test_released_slot_drops_its_queued_requests():
     assert h1.text == "1" and h2 is None and be.batches == [[1]]
 
 
+def test_a_caller_whose_event_loop_closed_does_not_stop_the_engine():
+    # a pipeline's asyncio.run ended with its model call still running: the answer has nowhere
+    # to go, and the worker thread must live on for every other caller
+    be = Recording(delay=0.2)
+    eng = ASREngine(be, capacity=2, window_ms=1)
+
+    async def gone() -> None:
+        eng.submit(eng.open(), np.zeros(1, np.float32))
+        await asyncio.sleep(0.05)  # the call is running when this loop closes
+
+    async def next_caller() -> str:
+        await asyncio.sleep(0.3)  # the first answer came back to a closed loop meanwhile
+        h = await asyncio.wait_for(eng.submit(eng.open(), np.zeros(2, np.float32)), 5)
+        return h.text
+
+    asyncio.run(gone())
+    assert asyncio.run(next_caller()) == "2"
+    assert all(t.is_alive() for t in eng._threads)
+    eng.close()
+
+
 def test_a_cancelled_request_is_dropped_only_while_it_waits():
     async def main():
         be = Recording(delay=0.2)

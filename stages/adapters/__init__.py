@@ -1,0 +1,1 @@
+"""Adapters that put voxline's stages inside other voice frameworks (each behind its own extra)."""

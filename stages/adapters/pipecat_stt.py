@@ -1,0 +1,327 @@
+"""voxline's streaming ASR engine as a pipecat STT service.
+
+pipecat runs one STT per pipeline, and a pipeline per call; :class:`VoxlineSTTService` makes
+every pipeline in a process stream into ONE shared :class:`ASREngine` — whose worker batches the
+model calls of all of them — or, with ``socket_path``, into ``voxline asr-serve``'s engine,
+shared by every process on the machine. Each pipeline holds one slot of that engine from its
+StartFrame to its EndFrame/CancelFrame (or cleanup), and the slot is freed then.
+
+Frames in: the pipeline's input audio (any rate; resampled to the engine's 16 kHz) and the VAD
+frames of pipecat's ``VADProcessor`` (or a transport's VAD) upstream. The VAD frames drive the
+same stream core as a voxline call (``stages/asr/stream.py``): partials while the user speaks,
+and a final per VAD utterance once ``VADUserStoppedSpeakingFrame`` comes (finalised at the
+moment speech stopped, less the VAD's ``stop_secs``). A ``UserStoppedSpeakingFrame`` (the turn
+ended) or an ``STTMuteFrame`` while an utterance is open finalises it there. Interruptions do
+not touch the user's audio: the utterance in progress goes on.
+
+Frames out: ``InterimTranscriptionFrame`` for each partial and a finalized
+``TranscriptionFrame`` per utterance (an utterance longer than ``asr.max_utterance_s`` also gets
+non-finalized transcription frames for the parts cut off it). ``frame.result`` is a
+:class:`VoxlineTranscript`: the audio the text covers and, for a partial, how many of its first
+characters are stable — they never change in the utterance's later partials (voxline's
+stable-prefix rule), so a caption may show them for good; the final, a fresh reading of the
+whole utterance, replaces the partials.
+
+On EndFrame the finals still owed are awaited (up to ``finish_timeout_s``) and pushed before
+the EndFrame goes on; on CancelFrame nothing is awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.config import ASRConfig
+from agent.errors import CapacityError, require
+
+require("pipecat.services.stt_service", what="voxline's pipecat STT service", extra="pipecat",
+        package="pipecat-ai")
+
+from loguru import logger  # noqa: E402  (pipecat's logger, where its users look)
+from pipecat.audio.utils import create_stream_resampler  # noqa: E402
+from pipecat.frames.frames import (  # noqa: E402
+    CancelFrame,
+    EndFrame,
+    Frame,
+    InterimTranscriptionFrame,
+    StartFrame,
+    STTMuteFrame,
+    TranscriptionFrame,
+    UserStoppedSpeakingFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection  # noqa: E402
+from pipecat.services.settings import STTSettings  # noqa: E402
+from pipecat.services.stt_service import STTService  # noqa: E402
+from pipecat.utils.time import time_now_iso8601  # noqa: E402
+
+from stages.asr.driver import StreamDriver  # noqa: E402
+from stages.asr.engine import ASREngine  # noqa: E402
+from stages.asr.slots import Slot  # noqa: E402
+from stages.asr.stage import make_engine, stream_config  # noqa: E402
+from stages.asr.stream import ASRStream, Failure, Kind, Result  # noqa: E402
+from stages.asr.stream_client import ServedStream  # noqa: E402
+
+RATE = 16_000  # the engine's rate: the VAD events' and results' sample offsets
+# Speech end to final transcript, p99, for pipecat's turn strategies (STTMetadataFrame): a final
+# of Whisper tiny.en is one model call of the utterance (tests/e2e/test_pipecat_stt.py prints
+# what it measured: 0.06-0.3 s on 2 CPU cores); over the socket add the round trip.
+TTFS_P99_S = 0.5
+FINISH_TIMEOUT_S = 5.0
+
+_engines: dict[tuple, ASREngine] = {}
+_engines_lock = threading.Lock()
+
+
+def shared_engine(cfg: ASRConfig | None = None) -> ASREngine:
+    """The process's engine for ``cfg`` (default: the embedded Whisper tiny.en), made and warmed
+    on first use — seconds — and shared by every service given the same configuration. Blocking:
+    call it off the event loop, or before the pipelines start."""
+    from agent.presets import backend_class  # the registry of ASR backends, loaded lazily
+
+    cfg = cfg or ASRConfig()
+    key = dataclasses.astuple(cfg)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            backend = backend_class("asr", cfg.backend)(cfg)
+            backend.warmup()
+            engine = _engines[key] = make_engine(backend, cfg)
+        return engine
+
+
+@dataclass(slots=True, frozen=True)
+class VoxlineTranscript:
+    """The ``result`` of a transcription frame from :class:`VoxlineSTTService`."""
+
+    text: str
+    stable: int  # a partial's first ``stable`` characters never change in later partials
+    start_s: float  # the audio the text covers, in seconds of the pipeline's input
+    end_s: float
+    speculative: bool = False
+    final: bool = False
+
+    @property
+    def stable_text(self) -> str:
+        return self.text[: self.stable]
+
+
+class VoxlineSTTService(STTService):
+    """A pipecat STT service over voxline's shared streaming-ASR engine (see the module).
+
+    ``engine``: an :class:`ASREngine` to use (else the process's :func:`shared_engine` for
+    ``asr_config``); ``socket_path``: stream to ``voxline asr-serve`` at that socket instead
+    (``""``: its default path). Other keyword arguments go to pipecat's ``STTService``.
+    """
+
+    def __init__(self, *, engine: ASREngine | None = None, socket_path: str | None = None,
+                 asr_config: ASRConfig | None = None,
+                 finish_timeout_s: float = FINISH_TIMEOUT_S, **kwargs) -> None:  # noqa: ANN003
+        if engine is not None and socket_path is not None:
+            raise ValueError("give an engine or an asr-serve socket_path, not both")
+        cfg = asr_config or ASRConfig()
+        kwargs.setdefault("ttfs_p99_latency", TTFS_P99_S)
+        kwargs.setdefault("settings", STTSettings(
+            model="asr-serve" if socket_path is not None else f"{cfg.backend}:{cfg.model or 'embedded'}",
+            language=cfg.language))
+        super().__init__(**kwargs)
+        self._asr_config = cfg
+        self._engine = engine
+        self._socket_path = socket_path
+        self._finish_timeout_s = finish_timeout_s
+        self._resampler = create_stream_resampler()
+        self._offset = 0  # samples (16 kHz) of audio given to the stream
+        self._speaking_since: int | None = None  # the open utterance's start, if one is open
+        self._slot: Slot | None = None
+        self._driver: StreamDriver | None = None
+        self._served: ServedStream | None = None
+        self._out: asyncio.Queue[Frame | _Problem | None] = asyncio.Queue()
+        self._pusher: asyncio.Task | None = None
+
+    # --- what a test or an operator may look at ------------------------------------------------
+    @property
+    def engine(self) -> ASREngine | None:
+        """The in-process engine this service's stream runs in (None over asr-serve)."""
+        return self._engine
+
+    @property
+    def holds_slot(self) -> bool:
+        return self._slot is not None or self._served is not None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self, frame: StartFrame) -> None:
+        await super().start(frame)
+        if self._pusher is None:
+            self._pusher = self.create_task(self._push_results(), name="voxline_stt_results")
+        if self.holds_slot:
+            return
+        if self._socket_path is not None:
+            self._served = ServedStream(self._on_result, self._on_stream_error,
+                                        socket_path=self._socket_path or None,
+                                        on_recovered=self._on_stream_recovered)
+            await self._served.open()
+            return
+        if self._engine is None:
+            self._engine = await asyncio.to_thread(shared_engine, self._asr_config)
+        try:
+            slot = self._engine.open()
+        except CapacityError as exc:
+            await self.push_error(f"{self}: no ASR slot free, this pipeline is not transcribed: "
+                                  f"{exc}", exception=exc)
+            return
+        cfg = stream_config(self._asr_config, RATE).fitting(len(slot.audio))
+        core = ASRStream(slot.audio, cfg, self._engine.partial_room)
+        self._slot = slot
+        self._driver = StreamDriver(core, self._engine, slot, self._on_result, self._on_failure)
+
+    async def stop(self, frame: EndFrame) -> None:
+        await super().stop(frame)
+        await self._finish(graceful=True)
+
+    async def cancel(self, frame: CancelFrame) -> None:
+        await super().cancel(frame)
+        await self._finish(graceful=False)
+
+    async def cleanup(self) -> None:
+        await self._finish(graceful=False)
+        await super().cleanup()
+
+    async def _finish(self, graceful: bool) -> None:
+        """End the stream (awaiting the finals owed when ``graceful``), push what came, and give
+        the slot back."""
+        if self._driver is not None:
+            driver, self._driver = self._driver, None
+            core = driver.core
+            if graceful:
+                if core.in_speech:
+                    core.stopped(self._offset)
+                    driver.pump()
+                deadline = time.monotonic() + self._finish_timeout_s
+                while core.busy and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                core.end_of_stream()  # a final still owed goes out with the best text at hand
+                driver.pump()
+            driver.close()
+        if self._served is not None:
+            served, self._served = self._served, None
+            if graceful:
+                await served.finish(self._finish_timeout_s)
+            served.close()
+        if self._slot is not None:
+            assert self._engine is not None
+            self._engine.close_slot(self._slot)
+            self._slot = None
+        self._speaking_since = None
+        if self._pusher is not None:
+            pusher, self._pusher = self._pusher, None
+            if graceful:
+                self._out.put_nowait(None)  # the pusher ends once everything before it is out
+                await pusher
+            else:
+                await self.cancel_task(pusher)
+
+    # --- audio and VAD -------------------------------------------------------------------------
+    async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
+        if self.sample_rate != RATE:
+            audio = await self._resampler.resample(audio, self.sample_rate, RATE)
+        n = len(audio) // 2
+        if n:
+            if self._driver is not None:
+                self._driver.core.audio(np.frombuffer(audio, dtype="<i2", count=n), self._offset,
+                                        time.monotonic_ns())
+                self._driver.pump()
+            elif self._served is not None:
+                self._served.audio(audio)
+            self._offset += n
+        yield None
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, VADUserStartedSpeakingFrame):
+            if not self.is_muted:
+                self._speech_started(self._offset - int(frame.start_secs * RATE))
+        elif isinstance(frame, VADUserStoppedSpeakingFrame):
+            self._speech_stopped(self._offset - int(frame.stop_secs * RATE))
+        elif isinstance(frame, UserStoppedSpeakingFrame) or (
+                isinstance(frame, STTMuteFrame) and frame.mute):
+            self._speech_stopped(self._offset)  # the turn ended (or muted): its transcript now
+
+    def _speech_started(self, at: int) -> None:
+        if self._speaking_since is not None:
+            return
+        at = max(at, 0)
+        self._speaking_since = at
+        if self._driver is not None:
+            self._driver.core.started(at)
+            self._driver.pump()
+        elif self._served is not None:
+            self._served.started(at)
+
+    def _speech_stopped(self, at: int) -> None:
+        started = self._speaking_since
+        if started is None:
+            return
+        self._speaking_since = None
+        at = max(at, started)
+        if self._driver is not None:
+            self._driver.core.stopped(at, started)
+            self._driver.pump()
+        elif self._served is not None:
+            self._served.stopped(at, started)
+
+    # --- results -------------------------------------------------------------------------------
+    def _on_result(self, r: Result) -> None:
+        if not r.text:
+            return  # an utterance with no words (a cough, noise): nothing to say
+        final = r.kind is Kind.FINAL
+        result = VoxlineTranscript(r.text, len(r.text) if r.final else min(r.stable, len(r.text)),
+                                   r.start / RATE, r.end / RATE,
+                                   speculative=r.kind is Kind.SPECULATIVE, final=final)
+        language = self._settings.language if isinstance(self._settings.language, str) else None
+        if r.final:
+            frame: Frame = TranscriptionFrame(r.text, self._user_id, time_now_iso8601(),
+                                              language=language, result=result, finalized=final)
+        else:
+            frame = InterimTranscriptionFrame(r.text, self._user_id, time_now_iso8601(),
+                                              language=language, result=result)
+        self._out.put_nowait(frame)
+
+    def _on_failure(self, f: Failure) -> None:
+        if f.kind in (Kind.FINAL, Kind.SEGMENT, Kind.SPECULATIVE):
+            self._out.put_nowait(_Problem(f"{self}: transcription failed: {f.message}"))
+
+    def _on_stream_error(self, message: str) -> None:
+        self._out.put_nowait(_Problem(f"{self}: {message}"))
+
+    def _on_stream_recovered(self) -> None:
+        self._out.put_nowait(_Problem(f"{self}: asr-serve is back; the audio kept meanwhile is "
+                                      "being transcribed", recovered=True))
+
+    async def _push_results(self) -> None:
+        """Push results in the order they came (the engine's callbacks cannot await)."""
+        while True:
+            frame = await self._out.get()
+            if frame is None:
+                return
+            if isinstance(frame, _Problem):
+                if frame.recovered:
+                    logger.info(frame.message)
+                else:
+                    await self.push_error(frame.message)
+                continue
+            await self.push_frame(frame)
+
+
+@dataclass(slots=True, frozen=True)
+class _Problem:
+    """An error (or a recovery) to report in order with the results."""
+
+    message: str
+    recovered: bool = False
