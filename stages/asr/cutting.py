@@ -13,6 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from agent.audio import RATE
+from stages.asr.backend import Word
 
 FRAME = 320  # 20 ms: the step (and the default window) of the quietness search
 # Whisper sees 30 s, but tiny.en without timestamps skips or repeats whole sentences in long
@@ -26,11 +27,13 @@ SEARCH_S = 4.0  # a cut is the quietest 20 ms in the last SEARCH_S seconds befor
 
 @dataclass(slots=True, frozen=True)
 class Segment:
-    """The text of one chunk and the samples ``[start, end)`` it covers, from the audio's start."""
+    """The text of one chunk and the samples ``[start, end)`` it covers, from the audio's start;
+    its timed words (seconds from the audio's start) when the backend gives word times."""
 
     text: str
     start: int
     end: int
+    words: tuple[Word, ...] = ()
 
     @property
     def start_s(self) -> float:

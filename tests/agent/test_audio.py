@@ -7,7 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.audio import float_to_int16, int16_to_float, read_audio, read_wav, write_wav
+from agent.audio import (
+    float_to_int16,
+    int16_to_float,
+    read_audio,
+    read_channels,
+    read_wav,
+    write_wav,
+)
 from agent.errors import AudioInputError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,3 +182,18 @@ def test_bad_bytes_are_named_in_the_error():
         read_audio(io.BytesIO(b"\x00\x01garbage" * 100))
     with pytest.raises(AudioInputError, match="empty: upload.wav"):
         read_audio(b"", name="upload.wav")
+
+
+def test_channels_come_back_each_on_its_own_bit_exact(tmp_path):
+    left = _clip()
+    right = np.roll(left, 4000) // 2  # another signal: not the mean, not a copy
+    write_wav(tmp_path / "call.wav", np.stack([left, right], axis=1))
+    got = read_channels(tmp_path / "call.wav")
+    assert len(got) == 2 and np.array_equal(got[0], left) and np.array_equal(got[1], right)
+    at_8k = read_channels(tmp_path / "call.wav", rate=8000)
+    assert [len(c) for c in at_8k] == [len(left) // 2] * 2
+    assert _corr(at_8k[0], read_audio(CLIP, rate=8000)) > 0.999
+    mono = read_channels(CLIP)
+    assert len(mono) == 1 and np.array_equal(mono[0], left)
+    with pytest.raises(AudioInputError, match="not found"):
+        read_channels(tmp_path / "nothing.wav")

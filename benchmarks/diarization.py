@@ -1,0 +1,273 @@
+"""Speaker-aware transcription on recordings of 2-5 speakers built from ../shared/data/speech,
+side by side with plain transcription of the same recordings in one run.
+
+Each recording is 6-10 utterances of different speakers of the speech set (a turn never follows
+one of the same speaker), seeded, with 0.2-1.5 s of silence between them; the reference turns
+are known from the construction: each utterance's voiced stretches (20-ms frames within 35 dB
+of its loudest, pauses under 0.3 s bridged — the clips are clean recordings). Left out: the
+whispered clips (the VAD hardly hears them: a VAD benchmark, not a speaker one), the single
+words (under 1 s), and the real multi-speaker clip,
+which is scored on its own: its reference has turns of words but no times, so it is scored by
+speaker-attributed words (each reference word matched to a transcribed word in order, and the
+speakers mapped one to one).
+
+Measured: the diarization error rate (collar 0.25 s, NIST-style: missed speech + false alarm +
+confusion over the scored reference speech, the best one-to-one speaker mapping), how often the
+speaker count is right, and RTFx — audio seconds per wall second, after the models load — of
+(a) plain transcription (``transcribe_files``, the ``voxline transcribe`` path) and (b) the
+same with word times plus diarization (the ``voxline transcribe --diarize`` path), both over all
+recordings, best of ``--repeat`` runs. ``--long-minutes 90`` also runs ``voxline transcribe
+--diarize --json`` on one recording that long as a subprocess: wall time, the child's peak RSS
+and when its first result line came.
+
+Prints a table and one JSON line; ``--json-out`` writes the whole result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from difflib import SequenceMatcher
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from emit import emit  # noqa: E402
+
+from agent.audio import int16_to_float, read_audio, write_wav  # noqa: E402
+from agent.config import ASRConfig, VADConfig  # noqa: E402
+from stages.asr.offline import transcribe_files  # noqa: E402
+from stages.asr.speakers import assign_speakers  # noqa: E402
+from stages.asr.wer import normalize  # noqa: E402
+from stages.asr.whisper import WhisperBackend  # noqa: E402
+from stages.speaker import der, diarize, load_embedder  # noqa: E402
+from stages.vad import SileroModel  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "speech"
+RATE = 16_000
+FRAME = 320
+TRIM_DB = 35.0  # a clip's voiced frames: within this of its loudest frame
+MIN_PAUSE_S = 0.3  # a shorter pause inside an utterance is part of the speech
+SIZES = (2, 3, 4, 5)
+
+
+def load_clips() -> tuple[dict[str, list[tuple[str, np.ndarray]]], dict | None]:
+    """Usable clips by speaker, and the real multi-speaker clip's manifest entry."""
+    by: dict[str, list[tuple[str, np.ndarray]]] = {}
+    real = None
+    for line in (DATA / "manifest.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if m["kind"] == "multi-speaker":
+            real = m
+            continue
+        if "whisper" in m["kind"] or m["duration_s"] < 1.0:
+            continue
+        by.setdefault(m["speaker"], []).append((m["id"], read_audio(DATA / m["path"])))
+    return by, real
+
+
+def voiced(pcm: np.ndarray) -> list[tuple[int, int]]:
+    """Where a clean clip is voiced, in samples: runs of 20-ms frames within TRIM_DB of its
+    loudest frame (and over its own noise floor), pauses under MIN_PAUSE_S bridged."""
+    n = len(pcm) // FRAME
+    frames = pcm[: n * FRAME].astype(np.float64).reshape(n, FRAME)
+    db = 10 * np.log10(np.mean(frames**2, axis=1) + 1e-9)
+    loud = db > max(db.max() - TRIM_DB, np.percentile(db, 10) + 10)
+    runs: list[tuple[int, int]] = []
+    for i in np.flatnonzero(loud):
+        if runs and i - runs[-1][1] < MIN_PAUSE_S * RATE / FRAME:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return [(a * FRAME, b * FRAME) for a, b in runs]
+
+
+def build(by: dict[str, list], k: int, seed: int) -> tuple[np.ndarray, list[tuple[float, float, str]]]:
+    """One recording of ``k`` speakers and its reference turns (seconds)."""
+    rng = random.Random(seed)
+    speakers = rng.sample(sorted(by), k)
+    turns = rng.randint(max(6, k), 10)
+    order: list[str] = []
+    while len(order) < turns:
+        who = rng.choice([s for s in speakers if not order or s != order[-1]])
+        if len(order) == turns - 1 and set(speakers) - set(order) - {who}:
+            who = next(iter(sorted(set(speakers) - set(order))))  # everyone speaks at least once
+        order.append(who)
+    parts: list[np.ndarray] = []
+    ref: list[tuple[float, float, str]] = []
+    at = 0
+    for who in order:
+        gap = np.zeros(int(rng.uniform(0.2, 1.5) * RATE), np.int16)
+        _, clip = rng.choice(by[who])
+        parts += [gap, clip]
+        at += len(gap)
+        ref += [((at + a) / RATE, (at + b) / RATE, who) for a, b in voiced(clip)]
+        at += len(clip)
+    parts.append(np.zeros(RATE // 2, np.int16))
+    return np.concatenate(parts), ref
+
+
+def attributed_words(ref_turns: list[dict], segments: list) -> dict:
+    """The real clip: reference words matched in order to transcribed words, and the share of
+    them on the hypothesis speaker mapped to their reference speaker (one to one)."""
+    ref = [(w, t["speaker"]) for t in ref_turns for w in normalize(t["text"])]
+    hyp = [(w, s.speaker) for s in segments for w in normalize(s.text)]
+    blocks = SequenceMatcher(a=[w for w, _ in ref], b=[w for w, _ in hyp], autojunk=False)
+    pairs = [(ref[i + j][1], hyp[k + j][1]) for i, k, n in blocks.get_matching_blocks()
+             for j in range(n)]
+    rs, hs = sorted({r for _, r in ref}), sorted({h for _, h in hyp})
+    counts = np.zeros((len(rs), max(len(hs), 1)))
+    for r, h in pairs:
+        counts[rs.index(r), hs.index(h)] += 1
+    rows, cols = linear_sum_assignment(-counts)
+    right = counts[rows, cols].sum()
+    return {"reference_words": len(ref), "matched_words": len(pairs),
+            "attributed_right": round(float(right / max(len(ref), 1)), 3),
+            "speakers_found": len(hs), "speakers": len(rs)}
+
+
+def run_long(minutes: float, by: dict[str, list], threads: int) -> dict:
+    """``voxline transcribe --diarize --json`` on one recording ``minutes`` long."""
+    pieces, total, seed = [], 0, 0
+    while total < minutes * 60 * RATE:
+        pcm, _ = build(by, 3, 10_000 + seed)
+        pieces.append(pcm)
+        total += len(pcm)
+        seed += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "long.wav"
+        write_wav(path, np.concatenate(pieces)[: int(minutes * 60 * RATE)])
+        del pieces
+        cmd = [sys.executable, "-m", "agent.cli", "transcribe", str(path), "--diarize", "--json",
+               "--no-write", "--asr-threads", str(threads)]
+        print(f"long: {minutes:.0f} min, {' '.join(cmd[2:])}", file=sys.stderr)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        first = None
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if first is None and line.startswith("{"):
+                first = time.monotonic() - t0
+        err = proc.stderr.read()  # type: ignore[union-attr]
+        rc = proc.wait()
+        wall = time.monotonic() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"minutes": minutes, "rc": rc, "wall_s": round(wall, 1),
+            "rtfx_with_load": round(minutes * 60 / wall, 1),
+            "first_result_s": None if first is None else round(first, 1),
+            "peak_rss_mb": round(peak_mb), "summary": err.strip().splitlines()[-1:] }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--per-size", type=int, default=6, help="recordings per speaker count (2-5)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--speaker-model", default="campplus")
+    ap.add_argument("--long-minutes", type=float, default=0.0,
+                    help="also transcribe one recording this long with diarization (e.g. 90)")
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+
+    by, real = load_clips()
+    recs = [(k, s, *build(by, k, 1000 * k + s)) for k in SIZES for s in range(args.per_size)]
+    audios = [(f"{k}spk-{s}", int16_to_float(pcm)) for k, s, pcm, _ in recs]
+    total = sum(len(a) for _, a in audios) / RATE
+    print(f"{len(recs)} recordings, {total / 60:.1f} min, {len(by)} speakers to draw from",
+          file=sys.stderr)
+    cfg = ASRConfig(threads=args.threads)
+    plain = WhisperBackend(cfg, max_batch=args.batch_size)
+    timed = WhisperBackend(cfg, max_batch=args.batch_size, word_times=True)
+    for b in (plain, timed):
+        b.warmup()
+    vad = SileroModel(VADConfig())
+    emb = load_embedder(args.speaker_model, threads=args.threads)
+    emb.embed([np.zeros(RATE * 3 // 2, np.float32)])  # warm
+
+    def transcribed(backend: WhisperBackend) -> tuple[float, list]:
+        t0 = time.perf_counter()
+        out = transcribe_files(audios, backend, vad, batch_size=args.batch_size,
+                               vad_threads=args.threads)
+        return time.perf_counter() - t0, out
+
+    best_plain = min(transcribed(plain)[0] for _ in range(args.repeat))
+    best = None
+    for _ in range(args.repeat):
+        wall, out = transcribed(timed)
+        t1 = time.perf_counter()
+        turns = [diarize(a, r.speech, emb) for (_, a), r in zip(audios, out, strict=True)]
+        segs = [assign_speakers(r.segments, t) for r, t in zip(out, turns, strict=True)]
+        run = (wall + time.perf_counter() - t1, wall, out, turns, segs)
+        if best is None or run[0] < best[0]:
+            best = run
+    assert best is not None
+    wall_all, wall_asr, _, turns, segs = best
+
+    rows = []
+    for (k, s, _, ref), t in zip(recs, turns, strict=True):
+        hyp = [(x.start / RATE, x.end / RATE, x.speaker) for x in t]
+        d = der(ref, hyp, collar=0.25)
+        rows.append({"speakers": k, "seed": s, "der": d.der, "miss": d.miss,
+                     "false_alarm": d.false_alarm, "confusion": d.confusion,
+                     "found": len({x.speaker for x in t})})
+    res: dict = {"benchmark": "diarization", "recordings": len(recs),
+                 "audio_min": round(total / 60, 1), "threads": args.threads,
+                 "speaker_model": args.speaker_model, "collar_s": 0.25}
+    by_size = {}
+    for k in SIZES:
+        mine = [r for r in rows if r["speakers"] == k]
+        by_size[k] = {"der": float(np.mean([r["der"] for r in mine])),
+                      "count_right": sum(r["found"] == k for r in mine), "of": len(mine)}
+    res["der_mean"] = float(np.mean([r["der"] for r in rows]))
+    res["der_max"] = float(np.max([r["der"] for r in rows]))
+    res["parts"] = {p: float(np.mean([r[p] for r in rows])) for p in ("miss", "false_alarm", "confusion")}
+    res["count_right"] = f"{sum(r['found'] == r['speakers'] for r in rows)}/{len(rows)}"
+    res["by_size"] = by_size
+    res["rtfx_plain"] = total / best_plain
+    res["rtfx_diarized"] = total / wall_all
+    res["diarize_share"] = (wall_all - wall_asr) / wall_all
+    res["rows"] = rows
+    if real is not None:
+        a = int16_to_float(read_audio(DATA / real["path"]))
+        (r,) = transcribe_files([("real", a)], timed, vad, vad_threads=args.threads)
+        res["real_clip"] = attributed_words(real["turns"],
+                                            assign_speakers(r.segments, diarize(a, r.speech, emb)))
+    if args.long_minutes:
+        res["long"] = run_long(args.long_minutes, by, args.threads)
+
+    print(f"\n{len(recs)} recordings of 2-5 speakers, {total / 60:.1f} min; {args.threads} threads; "
+          f"{args.speaker_model}; collar 0.25 s")
+    print(f"{'speakers':>8} {'DER':>7} {'count right':>12}")
+    for k, v in by_size.items():
+        print(f"{k:>8} {v['der']:>7.1%} {v['count_right']:>7}/{v['of']}")
+    p = res["parts"]
+    print(f"{'all':>8} {res['der_mean']:>7.1%} {res['count_right']:>12}   (miss {p['miss']:.1%}, "
+          f"false alarm {p['false_alarm']:.1%}, confusion {p['confusion']:.1%}; max {res['der_max']:.1%})")
+    print(f"RTFx plain {res['rtfx_plain']:.1f} | with word times + diarization "
+          f"{res['rtfx_diarized']:.1f} (diarization {res['diarize_share']:.0%} of it)")
+    if "real_clip" in res:
+        rc = res["real_clip"]
+        print(f"real 3-speaker clip: {rc['speakers_found']} speakers found, "
+              f"{rc['attributed_right']:.0%} of its words on the right speaker")
+    if "long" in res:
+        lg = res["long"]
+        print(f"{lg['minutes']:.0f}-min recording: wall {lg['wall_s']} s (with model load), "
+              f"peak RSS {lg['peak_rss_mb']} MB, first result after {lg['first_result_s']} s")
+    line = {k: v for k, v in res.items() if k != "rows"}
+    emit(res, args.json_out, line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Who said each piece of a transcript: the two ways a file's transcript gets speakers.
+
+* Channels as speakers (``voxline transcribe --channels split``): each channel of a call
+  recording was transcribed on its own; its segments belong to that channel's speaker, and the
+  channels' segments are interleaved in time.
+* Diarization (``--diarize``): the transcript's chunks were cut at VAD pauses, not at speaker
+  changes, so each chunk is split at its words: a word belongs to the speaker whose turn covers
+  its middle (the nearest turn if none does), and a run of words of one speaker is a segment.
+  A chunk without word times goes whole to the speaker who talks most of it.
+
+Times are seconds from the start of the file; speakers are numbers: the channel's, or in order
+of first speech.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from agent.audio import RATE
+from stages.asr.backend import Word
+from stages.asr.cutting import Segment
+
+
+class Turn(Protocol):
+    """A stretch of one speaker, in samples (``stages.speaker.SpeakerTurn``)."""
+
+    start: int
+    end: int
+    speaker: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpokenSegment:
+    start: float
+    end: float
+    speaker: int
+    text: str
+    words: tuple[Word, ...] = ()  # times in seconds from the start of the file
+
+
+def interleave_channels(channels: Sequence[Sequence[Segment]]) -> list[SpokenSegment]:
+    """Channel ``i``'s segments as speaker ``i``'s (the channel is the speaker, whoever talks
+    first), all of them in order of start (a tie goes to the lower channel)."""
+    out = [SpokenSegment(t.start_s, t.end_s, ch, t.text, t.words)
+           for ch, segs in enumerate(channels) for t in segs if t.text]
+    out.sort(key=lambda s: (s.start, s.speaker))
+    return out
+
+
+def assign_speakers(chunks: Sequence[Segment], turns: Sequence[Turn]) -> list[SpokenSegment]:
+    """Split each chunk at the speaker changes its words fall on (see the module)."""
+    spans = sorted((t.start / RATE, t.end / RATE, t.speaker) for t in turns)
+    out: list[SpokenSegment] = []
+    for seg in sorted(chunks, key=lambda c: c.start):
+        if not seg.text:
+            continue
+        if not seg.words or not spans:
+            who = _most_of(spans, seg.start_s, seg.end_s)
+            out.append(SpokenSegment(seg.start_s, seg.end_s, who, seg.text, seg.words))
+            continue
+        run: list[Word] = []
+        run_speaker = -1
+        for w in seg.words:
+            who = _speaker_at(spans, (w.start + w.end) / 2)
+            if run and who != run_speaker:
+                out.append(_from_words(run, run_speaker, seg, out[-1].end if out else 0.0))
+                run = []
+            run.append(w)
+            run_speaker = who
+        if run:
+            out.append(_from_words(run, run_speaker, seg, out[-1].end if out else 0.0))
+    return renumbered(_merged(out))
+
+
+def renumbered(segments: list[SpokenSegment]) -> list[SpokenSegment]:
+    """Speakers numbered 0, 1, ... in order of their first segment."""
+    order: dict[int, int] = {}
+    for s in segments:
+        order.setdefault(s.speaker, len(order))
+    return [SpokenSegment(s.start, s.end, order[s.speaker], s.text, s.words) for s in segments]
+
+
+def _from_words(words: list[Word], speaker: int, seg: Segment, after: float) -> SpokenSegment:
+    """A segment of a run of words: it spans them, within its chunk, after the one before."""
+    start = max(min(words[0].start, seg.end_s), seg.start_s, after)
+    end = min(max(words[-1].end, start), seg.end_s)
+    return SpokenSegment(start, end, speaker, _joined(words), tuple(words))
+
+
+def _joined(words: list[Word]) -> str:
+    return " ".join(w.text.strip() for w in words if w.text.strip())
+
+
+def _merged(segments: list[SpokenSegment]) -> list[SpokenSegment]:
+    """Neighbours of one speaker with less than a second between them are one segment."""
+    out: list[SpokenSegment] = []
+    for s in segments:
+        last = out[-1] if out else None
+        if last is not None and last.speaker == s.speaker and s.start - last.end < 1.0 \
+                and last.words and s.words:
+            out[-1] = SpokenSegment(last.start, max(last.end, s.end), s.speaker,
+                                    f"{last.text} {s.text}", last.words + s.words)
+        else:
+            out.append(s)
+    return out
+
+
+def _speaker_at(spans: list[tuple[float, float, int]], t: float) -> int:
+    best, gap = spans[0][2], float("inf")
+    for a, b, who in spans:
+        if a <= t < b:
+            return who
+        d = a - t if t < a else t - b
+        if d < gap:
+            best, gap = who, d
+    return best
+
+
+def _most_of(spans: list[tuple[float, float, int]], a: float, b: float) -> int:
+    if not spans:
+        return 0
+    talk: dict[int, float] = {}
+    for s, e, who in spans:
+        talk[who] = talk.get(who, 0.0) + max(0.0, min(b, e) - max(a, s))
+    if max(talk.values()) > 0:
+        return max(talk, key=talk.__getitem__)
+    return _speaker_at(spans, (a + b) / 2)
