@@ -155,8 +155,8 @@ class SileroModel:
         return float(self._out[0, 0])
 
     def probs_batch(self, streams: list[np.ndarray]) -> list[np.ndarray]:
-        """Speech probability of every 512-sample window of each stream (the last window
-        zero-padded), all streams advanced together: one model call per window position for the
+        """Speech probability of every 512-sample window of each stream (float32 in [-1, 1], or
+        int16; the last window zero-padded), all streams advanced together: one model call per window position for the
         whole batch instead of one per stream. Each stream starts from a fresh state, exactly
         as :meth:`prob` after :meth:`reset`; this model's own stream is left untouched.
 
@@ -178,7 +178,10 @@ class SileroModel:
             for row in range(active):
                 s = streams[order[row]]
                 piece = s[a:z]
-                x[row, CONTEXT : CONTEXT + len(piece)] = piece
+                if piece.dtype == np.int16:  # scaled here: no float copy of a long file
+                    np.multiply(piece, FROM_INT16, out=x[row, CONTEXT : CONTEXT + len(piece)])
+                else:
+                    x[row, CONTEXT : CONTEXT + len(piece)] = piece
                 if len(piece) < WINDOW:
                     x[row, CONTEXT + len(piece) :] = 0.0
             feeds = {"input": x[:active], "state": np.ascontiguousarray(state[:, :active]),

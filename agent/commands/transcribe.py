@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 @dataclass(slots=True)
 class _Input:
     name: str
-    channels: list[np.ndarray]  # float32 at 16 kHz; one unless split
+    channels: list[np.ndarray]  # int16 at 16 kHz; one unless split
 
     @property
     def duration_s(self) -> float:
@@ -67,7 +67,7 @@ class _Input:
 
 
 def main(args: argparse.Namespace) -> int:
-    from agent.audio import int16_to_float, read_audio, read_channels
+    from agent.audio import read_audio, read_channels
     from agent.errors import AudioInputError, VoxlineError
     from agent.runtime import freeze_after_warmup
     from stages.vad import SileroModel
@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
             continue
         if split and len(chans) == 1:
             print(f"voxline: {f} has one channel: nothing to split, one speaker", file=sys.stderr)
-        inputs.append(_Input(f, [int16_to_float(c) for c in chans]))
+        inputs.append(_Input(f, chans))  # int16: converted chunk by chunk, half the memory
     if not inputs:
         raise VoxlineError("no readable audio among the inputs")
     want_words = args.diarize or args.words or "srt" in formats or "vtt" in formats

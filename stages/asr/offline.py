@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.audio import RATE
+from agent.audio import RATE, int16_to_float
 from stages.asr.backend import ASRBackend, Hypothesis, Word
 from stages.asr.cutting import Segment, chunk_regions, joined
 
@@ -127,7 +127,8 @@ def transcribe_files(
     on_progress: Callable[[float], None] | None = None,
     vad_threads: int = 1,
 ) -> list[FileResult]:
-    """Transcribe whole files: VAD cut, then every chunk of every file in batches of
+    """Transcribe whole files (float32 in [-1, 1], or int16: a long file then costs half the
+    memory, each chunk converted when it is read): VAD cut, then every chunk of every file in batches of
     ``batch_size``, longest first (similar lengths share a batch). ``on_progress`` receives the
     seconds of audio finished after each batch."""
     jobs: list[tuple[int, int, int]] = []  # (file index, start, end)
@@ -152,7 +153,7 @@ def transcribe_files(
     hyps: dict[int, Hypothesis] = {}
     for at in range(0, len(order), max(1, batch_size)):
         part = order[at : at + batch_size]
-        bufs = [audios[jobs[j][0]][1][jobs[j][1] : jobs[j][2]] for j in part]
+        bufs = [_as_float(audios[jobs[j][0]][1][jobs[j][1] : jobs[j][2]]) for j in part]
         for j, hyp in zip(part, backend.transcribe_batch(bufs), strict=True):
             hyps[j] = hyp
         if on_progress is not None:
@@ -166,3 +167,7 @@ def transcribe_files(
     for r in results:
         r.segments.sort(key=lambda s: s.start)
     return results
+
+
+def _as_float(pcm: np.ndarray) -> np.ndarray:
+    return int16_to_float(pcm) if pcm.dtype == np.int16 else pcm

@@ -52,6 +52,25 @@ def test_batched_vad_of_many_files_and_long_pieces_matches_one_file_at_a_time():
             assert all(abs(x - y) <= WINDOW for p, q in zip(ra, rm, strict=True) for x, y in zip(p, q, strict=True))
 
 
+def test_int16_files_give_what_their_float_copies_give():
+    # a 90-minute file stays int16 (half the memory); each VAD window and each chunk is
+    # converted as it is read, to exactly the floats a whole float copy would hold
+    from agent.config import ASRConfig
+    from stages.asr.offline import transcribe_files
+    from stages.asr.whisper import WhisperBackend
+    from stages.vad import SileroModel
+
+    vad = SileroModel(VADConfig())
+    gap = np.zeros(RATE // 2, np.int16)
+    pcm = np.concatenate([x for name in REFS for x in (speech.load(name), gap)])
+    as_int, as_float = vad_probs_many([pcm], vad)[0], vad_probs_many([int16_to_float(pcm)], vad)[0]
+    assert np.array_equal(as_int, as_float)
+    backend = WhisperBackend(ASRConfig(threads=1))
+    (a,), (b,) = (transcribe_files([("x", x)], backend, vad) for x in (pcm, int16_to_float(pcm)))
+    assert a.text == b.text and a.regions == b.regions and a.speech == b.speech
+    assert wer(" ".join(REFS.values()), a.text) <= 0.15
+
+
 def test_transcribe_cli_writes_json_per_file(tmp_path):
     # a "long" file: three utterances with pauses between them, and a silence-only file
     parts = []
