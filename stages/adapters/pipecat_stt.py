@@ -75,6 +75,10 @@ RATE = 16_000  # the engine's rate: the VAD events' and results' sample offsets
 # what it measured: 0.06-0.3 s on 2 CPU cores); over the socket add the round trip.
 TTFS_P99_S = 0.5
 FINISH_TIMEOUT_S = 5.0
+# pipecat's VAD confirms speech start_secs after it began, and a soft first word ("He began...")
+# may not count towards it: the utterance starts this much earlier still (the stream core adds
+# its own 200-ms pre-roll)
+START_LOOKBACK_S = 0.3
 
 _engines: dict[tuple, ASREngine] = {}
 _engines_lock = threading.Lock()
@@ -246,7 +250,7 @@ class VoxlineSTTService(STTService):
         await super().process_frame(frame, direction)
         if isinstance(frame, VADUserStartedSpeakingFrame):
             if not self.is_muted:
-                self._speech_started(self._offset - int(frame.start_secs * RATE))
+                self._speech_started(self._offset - int((frame.start_secs + START_LOOKBACK_S) * RATE))
         elif isinstance(frame, VADUserStoppedSpeakingFrame):
             self._speech_stopped(self._offset - int(frame.stop_secs * RATE))
         elif isinstance(frame, UserStoppedSpeakingFrame) or (
