@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from agent import observe
 from agent.echo import EchoCanceller
 from agent.frames import (
     ANY_FRAME,
@@ -139,6 +140,7 @@ class Session:
     # --- life --------------------------------------------------------------------------------
     async def start(self) -> None:
         self.started_ns = self.ctx.started_ns = time.monotonic_ns()
+        observe.call_started(self)  # (metrics, spans: before any turn can finish)
         await self.pipeline.start(self.ctx)
 
     def send_audio(self, pcm: np.ndarray, t_ns: int | None = None) -> None:
@@ -175,6 +177,8 @@ class Session:
         finally:
             await self.ctx.cancel_all()
             self.summary = self.trace.close(reason)
+            if self.started_ns:
+                observe.call_ended(self, self.summary)
         return self.summary
 
     async def __aenter__(self) -> Session:

@@ -17,15 +17,18 @@ WAIT = 120
 
 
 class Served:
-    """``voxline asr-serve ARGS`` in a subprocess: its socket, its HTTP port and token."""
+    """``voxline asr-serve ARGS`` in a subprocess: its socket, its HTTP port and token.
+    ``drain_s``: how long its SIGTERM lets open streams finish (0: :meth:`stop` ends them at
+    once, as the tests that restart a server under their clients need)."""
 
     def __init__(self, tmp_path: Path, *args: str, socket_path: str | None = None,
-                 token: bool = False) -> None:
+                 token: bool = False, drain_s: float = 0.0) -> None:
         self.path = socket_path or str(tmp_path / "asr.sock")
         self.log_path = tmp_path / f"asr-serve-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "asr-serve", "--socket", self.path, *args],
+            [sys.executable, "-m", "agent.cli", "asr-serve", "--socket", self.path,
+             "--drain-timeout", str(drain_s), *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )

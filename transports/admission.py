@@ -68,10 +68,12 @@ class Refusal:
     def busy(self) -> bool:
         """Refused only for want of room: Twilio's webhook answers a busy tone rather than an
         error (the caller hears busy, not Twilio's "application error")."""
-        return self.reason == "limit"
+        return self.reason in ("limit", "draining")
 
 
-REFUSAL_REASONS = ("token", "signature", "origin", "host", "limit", "client_limit")
+REFUSAL_REASONS = ("token", "signature", "origin", "host", "limit", "client_limit", "draining")
+DRAINING_TEXT = ("the server is shutting down: it is finishing its live calls and takes no new "
+                 "ones; call again shortly (another server may answer)\n")
 
 
 class Ticket:
@@ -146,6 +148,7 @@ class Admission:
         self.active = 0
         self.per_client: Counter[str] = Counter()
         self.refused: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.draining = False  # shutting down: every new call is refused (503, "draining")
 
     # --- configuration -------------------------------------------------------------------------
     def require_twilio(self) -> None:
@@ -166,6 +169,8 @@ class Admission:
         shell releases the ticket when the call ends."""
         refusal = self._check_page(request) or self._authorise(request)
         client = self._counted_client(request)
+        if refusal is None and self.draining:
+            refusal = Refusal(503, "draining", DRAINING_TEXT)
         if refusal is None and self.active >= self.max_calls:
             refusal = Refusal(
                 503, "limit",

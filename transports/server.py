@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from agent.netaddr import is_loopback
+from agent.ops import Check, Health, MetricsRender, OpsEndpoints, Sample
 from agent.session import Session
 from transports import jsonwire
 from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
@@ -63,7 +64,12 @@ class VoiceServer:
     ``allowed_hosts``.
 
     ``stop`` ends every live call — the browser's and Twilio's streams alike — with close code
-    1001 and a reason, so no call keeps the process alive after SIGTERM."""
+    1001 and a reason, so no call keeps the process alive after SIGTERM. Before it,
+    ``begin_drain`` refuses every new call (503, reason ``draining``) while the live ones go on.
+
+    ``/healthz``, ``/readyz`` (``ready_checks`` besides room under ``max_calls``; ``loaded``
+    False until the models are) and ``/metrics`` (``metrics``, the Prometheus exposition) are
+    served on the same port."""
 
     def __init__(
         self,
@@ -83,6 +89,9 @@ class VoiceServer:
         header_timeout_s: float = HEADER_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         extra_stats: Callable[[], dict[str, Any]] | None = None,
+        metrics: MetricsRender | None = None,
+        ready_checks: Sequence[Check] = (),
+        loaded: bool = True,
     ) -> None:
         self.new_session = new_session
         self.host = host
@@ -101,6 +110,8 @@ class VoiceServer:
         self.frames_in = 0  # caller frames the finished WebSocket calls took
         self.dropped_inbound = 0  # and dropped, over the real-time rate
         self.extra_stats = extra_stats  # what the process adds to /healthz (its ASR slots)
+        self.health = Health(self.stats, [self._room, *ready_checks], loaded=loaded)
+        self.ops = OpsEndpoints(self.health, metrics)
         self.app = self._build_app()
         self._runner: web.AppRunner | None = None
 
@@ -111,8 +122,8 @@ class VoiceServer:
             web.get("/", self._index),
             web.get("/ws", self._websocket),
             web.post("/offer", self._offer),
-            web.get("/healthz", self._health),
         ])
+        self.ops.add_routes(app)
         app.router.add_static("/static/", self.web_root)
         app[LIVE_SOCKETS] = set()
         app.on_shutdown.append(_close_live_sockets)
@@ -147,7 +158,21 @@ class VoiceServer:
         q = f"?token={self.auth.token}" if self.auth.required else ""
         return f"http://{self.host}:{self.port}/{q}"
 
+    def begin_drain(self) -> None:
+        """Take no new call (each is refused with 503 and why); the live ones go on."""
+        self.admission.draining = self.health.draining = True
+
+    @property
+    def live_calls(self) -> int:
+        """Calls holding a place: the browser's (WebSocket, WebRTC) and Twilio's streams."""
+        return self.admission.active
+
+    def _room(self) -> str:
+        active, most = self.admission.active, self.admission.max_calls
+        return "" if active < most else f"at its limit of {most} calls"
+
     async def stop(self) -> None:
+        self.begin_drain()
         for call in list(self.calls.values()):
             if call is not None and not isinstance(call, WebSocketCall):  # (None: setting up)
                 await call.close("server stopping")
@@ -169,12 +194,32 @@ class VoiceServer:
             **(self.extra_stats() if self.extra_stats is not None else {}),
         }
 
+    def metric_samples(self) -> list[Sample]:
+        """What ``/metrics`` shows of this port: places held, refusals, dropped frames."""
+        live = [c for c in self.calls.values() if isinstance(c, WebSocketCall)]
+        out = self.dropped_audio + sum(c.outbox.dropped_audio for c in live)
+        into = self.dropped_inbound + sum(c.stats.dropped_inbound for c in live)
+        refused = "Calls refused at admission, by reason."
+        dropped = "Audio frames dropped, by transport and direction (out: the agent's audio a " \
+                  "slow client could not take; in: caller audio over the real-time rate)."
+        return [
+            Sample("voxline_calls_admitted", "gauge", "Calls holding a place on this port "
+                   "(browser and Twilio).", self.admission.active),
+            Sample("voxline_calls_max", "gauge", "Calls this port serves at once (--max-calls).",
+                   self.admission.max_calls),
+            Sample("voxline_draining", "gauge", "1 while the server drains (SIGTERM).",
+                   int(self.admission.draining)),
+            *(Sample("voxline_calls_refused", "counter", refused, n, (("reason", reason),))
+              for reason, n in self.admission.refused.items()),
+            Sample("voxline_frames_dropped", "counter", dropped, out,
+                   (("transport", "websocket"), ("direction", "out"))),
+            Sample("voxline_frames_dropped", "counter", dropped, into,
+                   (("transport", "websocket"), ("direction", "in"))),
+        ]
+
     # --- handlers ----------------------------------------------------------------------------
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(self.web_root / "index.html")
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats())
 
     def _admit(self, request: web.Request) -> Ticket:
         decision = self.admission.admit(CallRequest(

@@ -4,12 +4,10 @@ the OpenAI-compatible HTTP endpoint) on one event-loop thread."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
-import sys
 import time
 
+from agent.commands.operate import add_ops_flags, check_ops_flags
 from agent.config import Config, add_config_flags, config_from_args
 from agent.errors import ConfigError
 
@@ -53,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "this is closed, as is one idle this long (default 10)")
     p.add_argument("--http-upload-timeout", type=float, default=60.0, metavar="S",
                    help="an HTTP upload must arrive whole within this, else 408 (default 60)")
+    add_ops_flags(p, http_port=False)
     add_config_flags(p, sections=["asr", "runtime"])
     p.set_defaults(func=main)
 
@@ -81,12 +80,15 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} must be positive, got {value}")
     if args.max_streams_per_connection < 0:
         raise ConfigError("--max-streams-per-connection must be at least 1 (0: half the slots)")
+    check_ops_flags(args)
     http = parse_host_port(args.http) if args.http else None
     return runtime.run(_serve(cfg, args.socket or local_socket.default_path(), http, args),
                        cfg.runtime)
 
 
 async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: argparse.Namespace) -> int:
+    from agent.commands.operate import Telemetry
+    from agent.ops import serve_until_stopped
     from agent.presets import backend_class
     from agent.runtime import event_loop_name, freeze_after_warmup, keep_heap_trimmed
     from stages.asr.local_socket import group_id
@@ -104,6 +106,10 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
                        commit_after_s=cfg.asr.commit_after_s, language=cfg.asr.language,
                        max_file_s=args.max_audio_seconds,
                        max_streams=args.max_streams_per_connection)
+    telemetry = Telemetry("asr-serve", args)
+    server.ops.metrics = telemetry.metrics.render
+    telemetry.metrics.add_source(server.metric_samples)
+    telemetry.metrics.add_source(engine.metric_samples)
     try:
         await server.start_unix(path, group)
         where = [f"unix:{path}"]
@@ -127,13 +133,11 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
         if made_token:  # told once, to whoever started the server; never logged
             print(f"asr-serve: HTTP clients need the token {made_token} (Authorization: Bearer "
                   "TOKEN; pass --token to choose it)", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        print("asr-serve: stopping", file=sys.stderr, flush=True)
+        await telemetry.start(server.health)
+        await serve_until_stopped(server, "asr-serve", args.drain_timeout, server.health)
     finally:
         await server.close()
+        await telemetry.close()
         engine.close()
     return 0
+

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import time
 
+from agent.commands.operate import add_ops_flags, check_ops_flags
 from agent.config import Config, add_config_flags, config_from_args
 
 
@@ -54,6 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the Twilio account's auth token (better: $TWILIO_AUTH_TOKEN), to check "
                         "Twilio's X-Twilio-Signature on the TwiML and the media stream; required "
                         "with --twilio off loopback or with --public-url")
+    add_ops_flags(p)
     add_config_flags(p)
     p.set_defaults(func=main)
 
@@ -62,11 +62,14 @@ def main(args: argparse.Namespace) -> int:
     from agent import runtime
 
     cfg = config_from_args(args)
+    check_ops_flags(args)
     return runtime.run(_serve(args, cfg), cfg.runtime)
 
 
 async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     from agent import presets
+    from agent.commands.operate import Telemetry
+    from agent.ops import serve_until_stopped, slot_check
     from agent.presets import asr_stats, load_models
     from agent.runtime import freeze_after_warmup, keep_heap_trimmed
     from agent.session import Session
@@ -83,16 +86,23 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
                          twilio_auth_token=args.twilio_auth_token,
                          max_calls_per_client=args.max_calls_per_client,
                          allowed_origins=args.allow_origin, allowed_hosts=args.allow_host,
-                         extra_stats=lambda: asr_stats(models.asr))
+                         extra_stats=lambda: asr_stats(models.asr),
+                         ready_checks=[lambda: slot_check(models.asr)()], loaded=False)
+    telemetry = Telemetry("serve", args)
+    server.ops.metrics = telemetry.metrics.render
+    telemetry.metrics.add_source(server.metric_samples)
     if args.twilio:
         from transports.twilio.mount import add_twilio_routes
 
         add_twilio_routes(server.app, lambda start: new_session(True), server.admission)
     t_load = time.monotonic()
     models = load_models(cfg)
+    telemetry.metrics.add_source(models.asr.metric_samples)
     freeze_after_warmup(cfg.runtime)
     keep_heap_trimmed(cfg.runtime)
+    server.health.loaded = True
     await server.start()
+    await telemetry.start(server.health)
     print(f"models ready in {time.monotonic() - t_load:.1f} s (asr {cfg.asr.backend}, "
           f"llm {cfg.llm.backend}, tts {cfg.tts.backend})", flush=True)
     print(f"open {server.url} and press Call (Ctrl-C stops)", flush=True)
@@ -102,11 +112,9 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
         print(f"Twilio: point your number's voice webhook at "
               f"{(args.public_url or server.url.split('?')[0]).rstrip('/')}/twilio/twiml "
               f"({checked})", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
+    try:
+        await serve_until_stopped(server, "voxline serve", args.drain_timeout, server.health)
+    finally:
+        await telemetry.close()
     print(f"served {server.served} calls", flush=True)
     return 0

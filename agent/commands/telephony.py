@@ -12,6 +12,7 @@ import signal
 import sys
 from typing import Any
 
+from agent.commands.operate import add_ops_flags, check_ops_flags
 from agent.config import Config, add_config_flags, config_from_args
 
 log = logging.getLogger("voxline.telephony")
@@ -49,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="calls one source address may hold at once; 0 no limit besides "
                           "--max-calls (default: a trunk or PBX brings every call from one "
                           "address)")
+    add_ops_flags(sip, http_port=False)
     _add_call_output_flags(sip, main_sip)
 
     tw = sub.add_parser(
@@ -71,6 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "Twilio's request signatures; required off loopback or with --public-url")
     tw.add_argument("--max-calls", type=int, default=100,
                     help="media streams at once; the TwiML answers busy beyond (default 100)")
+    add_ops_flags(tw)
     _add_call_output_flags(tw, main_twilio)
 
 
@@ -122,26 +125,6 @@ def _networks(text: str) -> list[Any]:
             raise ConfigError(f"--media-peers: {part!r} is not an address or a network such as "
                               "10.0.0.0/8") from None
     return nets
-
-
-async def _until_signalled() -> str:
-    """Wait for SIGTERM or SIGINT (Ctrl-C); returns the signal's name. A second one, during the
-    shutdown that follows, acts as the default would (stops at once)."""
-    loop = asyncio.get_running_loop()
-    got: asyncio.Future[str] = loop.create_future()
-    sigs = (signal.SIGTERM, signal.SIGINT)
-
-    def on_signal(sig: signal.Signals) -> None:
-        if not got.done():
-            got.set_result(sig.name)
-
-    for sig in sigs:
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        return await got
-    finally:
-        for sig in sigs:
-            loop.remove_signal_handler(sig)
 
 
 class CallPrinter:
@@ -212,6 +195,7 @@ def _launch(serve: Any, args: argparse.Namespace) -> int:
     from agent import runtime
 
     cfg = config_from_args(args)
+    check_ops_flags(args)
     if args.trace:
         cfg.trace.path = args.trace
     return runtime.run(serve(args, cfg), cfg.runtime)
@@ -222,7 +206,9 @@ def main_sip(args: argparse.Namespace) -> int:
 
 
 async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
+    from agent.commands.operate import Telemetry
     from agent.errors import ConfigError
+    from agent.ops import serve_until_stopped, slot_check
     from agent.runtime import keep_heap_trimmed
     from transports.sip.server import SipServer
 
@@ -233,6 +219,7 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
         raise ConfigError("--invite-burst must be at least 1; --max-calls-per-source and "
                           "--rtp-timeout at least 0")
     printer = CallPrinter(args.json)
+    telemetry = Telemetry("sip", args)
     models = _load(cfg)
     keep_heap_trimmed(cfg.runtime)
     server = SipServer(
@@ -248,7 +235,11 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
             "rtp_send_errors": r.media.send_errors}),
         media_peers=media_peers, invite_rate=invite_rate, invite_burst=args.invite_burst,
         max_calls_per_source=args.max_calls_per_source, rtp_timeout_s=args.rtp_timeout,
+        ready_checks=(slot_check(models.asr),),
     )
+    server.ops.metrics = telemetry.metrics.render
+    telemetry.metrics.add_source(server.metric_samples)
+    telemetry.metrics.add_source(models.asr.metric_samples)
     host, port = await server.start()
     print(f"voxline sip: listening on udp {host}:{port} (RTP {args.rtp_ports}); Ctrl-C stops",
           file=sys.stderr, flush=True)
@@ -261,11 +252,13 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, report_stats)
     try:
-        sig = await _until_signalled()
-        print(f"voxline sip: {sig}: ending {len(server.calls)} call(s), refusing new ones",
-              file=sys.stderr, flush=True)
+        await telemetry.start(server.health)
+        # new INVITEs get 503 while the live calls run out the drain; then each left gets a
+        # BYE and its end record
+        await serve_until_stopped(server, "voxline sip", args.drain_timeout, server.health)
     finally:
-        await server.stop()  # new INVITEs 503; live calls get a BYE and their end records
+        await server.stop()  # (again: a no-op after a drain; the BYEs if it was cut short)
+        await telemetry.close()
     print(f"voxline sip: stopped after {server.ended} call(s)", file=sys.stderr,
           flush=True)
     return 0
@@ -276,6 +269,8 @@ def main_twilio(args: argparse.Namespace) -> int:
 
 
 async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
+    from agent.commands.operate import Telemetry
+    from agent.ops import serve_until_stopped, slot_check
     from agent.runtime import keep_heap_trimmed
     from transports.admission import Admission
     from transports.twilio.server import TwilioServer
@@ -284,6 +279,7 @@ async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
     Admission(args.host, public_url=args.public_url,
               twilio_auth_token=args.twilio_auth_token).require_twilio()
     printer = CallPrinter(args.json)
+    telemetry = Telemetry("twilio", args)
     models = _load(cfg)
     keep_heap_trimmed(cfg.runtime)
     server = TwilioServer(
@@ -293,19 +289,23 @@ async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
         on_end=lambda r: printer.emit(r.summary.get("session", r.stream_sid), {
             "type": "call", "state": "ended", "reason": r.reason,
             "heard_lag_ms": r.heard_lags_ms, "dtmf": r.stats.dtmf}),
+        ready_checks=(slot_check(models.asr),),
     )
+    server.ops.metrics = telemetry.metrics.render
+    telemetry.metrics.add_source(server.metric_samples)
+    telemetry.metrics.add_source(models.asr.metric_samples)
     host, port = await server.start()
     print(f"voxline twilio: media streams on ws://{host}:{port}{server.media_path}, TwiML on "
           f"GET http://{host}:{port}{server.twiml_path}; Ctrl-C stops", file=sys.stderr,
           flush=True)
     try:
-        sig = await _until_signalled()
-        print(f"voxline twilio: {sig}: closing {server.active} media stream(s), refusing new "
-              "ones", file=sys.stderr, flush=True)
+        await telemetry.start(server.health)
+        await serve_until_stopped(server, "voxline twilio", args.drain_timeout, server.health)
     finally:
         # stops listening, then closes every live stream (1001, going away): each call's
         # session closes and its end record is printed before this returns
         await server.stop()
+        await telemetry.close()
     print(f"voxline twilio: stopped after {server.ended} call(s)", file=sys.stderr,
           flush=True)
     return 0

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from agent.ops import Sample, histogram_value
 from stages.asr.backend import (
     ASRBackend,
     BatchCost,
@@ -50,14 +52,26 @@ class Request:
     state: StreamState | None = None  # the slot's stream state (stateful backends)
 
 
+# upper bounds (seconds) of the batch-wait histogram: from enqueue to the batch's model call
+WAIT_BOUNDS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 @dataclass(slots=True)
 class EngineStats:
     batches: int = 0
     requests: int = 0
-    dropped_stale: int = 0
+    dropped_stale: int = 0  # partials shed: too old to be worth a model call
     cancelled: int = 0  # dropped before they ran because their stream no longer wanted them
     batch_sizes: dict[int, int] = field(default_factory=dict)
     busy_s: float = 0.0
+    # how long each request run waited for its batch: counts per WAIT_BOUNDS_S bucket (the
+    # last counts those over every bound), and their sum
+    wait_counts: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BOUNDS_S) + 1))
+    wait_sum_s: float = 0.0
+
+    def waited(self, seconds: float) -> None:
+        self.wait_sum_s += seconds
+        self.wait_counts[bisect_left(WAIT_BOUNDS_S, seconds)] += 1
 
     @property
     def mean_batch(self) -> float:
@@ -214,6 +228,37 @@ class ASREngine:
         _resolve(future, None)
         return True
 
+    def metric_samples(self) -> list[Sample]:
+        """What ``/metrics`` shows of the engine: slots, batches, waits, shed work."""
+        with self._cv:
+            st = self.stats
+            sizes = dict(st.batch_sizes)
+            waits, wait_sum = list(st.wait_counts), st.wait_sum_s
+            counters = (st.batches, st.requests, st.dropped_stale, st.cancelled, st.busy_s)
+        bounds = tuple(float(b) for b in range(1, self.max_batch + 1))
+        by_size = [sizes.get(int(b), 0) for b in bounds]
+        by_size.append(sum(n for k, n in sizes.items() if k > self.max_batch))
+        batches, requests, shed, cancelled, busy = counters
+        in_use = self.pool.in_use
+        return [
+            Sample("voxline_asr_slots", "gauge", "ASR stream slots, by state.",
+                   in_use, (("state", "in_use"),)),
+            Sample("voxline_asr_slots", "gauge", "ASR stream slots, by state.",
+                   self.pool.capacity - in_use, (("state", "free"),)),
+            Sample("voxline_asr_batch_size", "histogram", "Requests per batched model call.",
+                   histogram_value(bounds, by_size, float(sum(k * n for k, n in sizes.items())))),
+            Sample("voxline_asr_batch_wait_seconds", "histogram", "How long a request waited "
+                   "for its batch's model call.", histogram_value(WAIT_BOUNDS_S, waits, wait_sum)),
+            Sample("voxline_asr_batches", "counter", "Batched model calls run.", batches),
+            Sample("voxline_asr_requests", "counter", "Requests run in batches.", requests),
+            Sample("voxline_asr_partials_shed", "counter", "Partial-transcript requests shed "
+                   "unrun, too old to be worth a model call (an overloaded engine).", shed),
+            Sample("voxline_asr_requests_cancelled", "counter", "Requests dropped unrun because "
+                   "their stream no longer wanted them.", cancelled),
+            Sample("voxline_asr_busy_seconds", "counter", "Seconds the engine's model calls ran.",
+                   busy),
+        ]
+
     def close(self) -> None:
         with self._cv:
             self._closed = True
@@ -254,6 +299,8 @@ class ASREngine:
                     else:
                         live.append(r)
                 batch = self._pick(live)
+                for r in batch:
+                    self.stats.waited((now - r.enqueued_ns) / 1e9)
                 taken = set(batch)
                 self._queue = deque(r for r in live if r not in taken)
                 if batch or not self._queue:

@@ -34,6 +34,7 @@ import numpy as np
 from agent.audio import RATE
 from agent.errors import AudioInputError, CapacityError, ConfigError, require
 from agent.netaddr import host_name, is_loopback, is_loopback_name
+from agent.ops import OPS_PATHS, OpsEndpoints
 from stages.asr.engine import ASREngine
 from stages.asr.engine_share import EngineShare
 from stages.asr.long_audio import Segment, joined, transcribe_long
@@ -47,6 +48,9 @@ class TranscriptionServer(Protocol):
     decode_pool: Executor | None  # where uploads are decoded; None: :func:`start` makes one
     language: str  # reported by ``verbose_json``
     max_file_samples: int  # the longest upload, decoded, in samples at 16 kHz
+    draining: bool  # shutting down: uploads get 503, the ones in progress finish
+    uploads: int  # uploads in progress (what a drain waits for)
+    ops: OpsEndpoints  # /healthz, /readyz, /metrics
 
     def share(self) -> EngineShare:
         """A request's own share of the engine (so one upload never queues ahead of others)."""
@@ -106,7 +110,9 @@ async def start(server: TranscriptionServer, host: str, port: int,
     @web.middleware
     async def json_errors(request: Any, handler: Any) -> Any:
         try:
-            _admit(request, opts.token_check, allowed if check_host else None)
+            # (the operations paths need no token: load balancers and Prometheus read them)
+            token = None if request.path in OPS_PATHS else opts.token_check
+            _admit(request, token, allowed if check_host else None)
             return await handler(request)
         except RequestError as exc:
             return _error(web, exc)
@@ -119,17 +125,24 @@ async def start(server: TranscriptionServer, host: str, port: int,
 
     async def transcriptions(request: Any) -> Any:
         nonlocal active
+        if server.draining:
+            raise RequestError(503, "the server is shutting down: it finishes the transcriptions "
+                               "under way and takes no new ones; try again shortly",
+                               kind="server_error")
         if active >= opts.max_uploads:
             raise RequestError(503, f"the server is taking {active} uploads, its limit: try "
                                "again shortly", kind="server_error")
         active += 1
+        server.uploads += 1
         try:
             return await _transcribe(web, request, server, limit, opts)
         finally:
             active -= 1
+            server.uploads -= 1
 
     app = web.Application(middlewares=[json_errors], client_max_size=limit + (1 << 20))
     app.router.add_post(PATH, transcriptions)
+    server.ops.add_routes(app)
     # aiohttp closes a connection idle for keepalive_timeout, timed from its start too: one
     # that has not sent its request's headers by then (slowloris) goes.
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=opts.header_timeout_s)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from agent.errors import CapacityError
+from agent.ops import Health, OpsEndpoints, Sample
 from stages.asr import local_socket, wire
 from stages.asr.backend import Hypothesis
 from stages.asr.engine import ASREngine
@@ -127,6 +128,53 @@ class ASRServer:
         self._servers: list[asyncio.AbstractServer] = []
         self._http: Any = None
         self.decode_pool: Any = None
+        self.draining = False  # shutting down: new streams and uploads are refused
+        self.uploads = 0  # HTTP uploads in progress
+        self.health = Health(self.stats, [self._slot_free], loaded=True)
+        self.ops = OpsEndpoints(self.health)  # (the command sets ops.metrics)
+
+    # --- operating it -----------------------------------------------------------------------
+    @property
+    def streams(self) -> int:
+        return sum(len(c.streams) for c in self.connections)
+
+    def stats(self) -> dict[str, Any]:
+        pool = self.engine.pool
+        return {"connections": len(self.connections), "streams": self.streams,
+                "uploads": self.uploads, "asr_slots": pool.capacity,
+                "asr_slots_in_use": pool.in_use, "protocol_errors": self.protocol_errors,
+                "refused_peers": self.refused_peers}
+
+    def _slot_free(self) -> str:
+        pool = self.engine.pool
+        return "" if pool.in_use < pool.capacity else f"all {pool.capacity} ASR slots in use"
+
+    def begin_drain(self) -> None:
+        """Take no new stream (refused with CAPACITY and why) and no upload (503); the streams
+        and uploads under way finish."""
+        self.draining = self.health.draining = True
+
+    @property
+    def live_calls(self) -> int:
+        return self.streams + self.uploads
+
+    def metric_samples(self) -> list[Sample]:
+        return [
+            Sample("voxline_asr_serve_connections", "gauge", "Socket connections open.",
+                   len(self.connections)),
+            Sample("voxline_asr_serve_streams", "gauge", "Streams open over the socket.",
+                   self.streams),
+            Sample("voxline_asr_serve_uploads", "gauge", "HTTP uploads in progress.",
+                   self.uploads),
+            Sample("voxline_asr_serve_buffered_bytes", "gauge", "Audio the connections hold in "
+                   "memory.", self.buffered),
+            Sample("voxline_draining", "gauge", "1 while the server drains (SIGTERM).",
+                   int(self.draining)),
+            Sample("voxline_asr_serve_protocol_errors", "counter", "Connections closed on a "
+                   "malformed frame.", self.protocol_errors),
+            Sample("voxline_asr_serve_refused_peers", "counter", "Connections refused: the "
+                   "peer's user may not use the server.", self.refused_peers),
+        ]
 
     def share(self) -> EngineShare:
         """A new client's share of the engine (a connection, an HTTP upload)."""
@@ -157,16 +205,22 @@ class ASRServer:
         return bound
 
     async def close(self) -> None:
-        for srv in self._servers:
+        """Stop listening and drop every connection left (a second call does nothing)."""
+        servers, self._servers = self._servers, []
+        for srv in servers:
             srv.close()
         for conn in list(self.connections):
             conn.abort()
-        for srv in self._servers:
+        for srv in servers:
             await srv.wait_closed()
         if self._http is not None:
-            await self._http.cleanup()
+            http, self._http = self._http, None
+            await http.cleanup()
         if self.decode_pool is not None:
             self.decode_pool.shutdown(wait=False)
+            self.decode_pool = None
+
+    stop = close  # (what agent.ops.serve_until_stopped calls after the drain)
 
     async def __aenter__(self) -> ASRServer:
         return self
@@ -314,6 +368,10 @@ class Connection(asyncio.Protocol):
             return None
         if sid in self.streams:
             self._send(wire.encode_error(sid, ErrorCode.BAD_REQUEST, f"stream {sid} is already open"))
+            return None
+        if self.server.draining:
+            self._refuse(sid, ErrorCode.CAPACITY, "the server is shutting down: it finishes "
+                         "the streams under way and takes no new ones")
             return None
         if len(self.streams) >= self.server.max_streams:
             self._refuse(sid, ErrorCode.LIMIT,

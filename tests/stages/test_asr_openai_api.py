@@ -6,13 +6,14 @@ import asyncio
 import io
 import tempfile
 import wave
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
 import pytest
 import speech
 
+from agent.ops import Health, OpsEndpoints
 from stages.asr import openai_api
 from stages.asr.cutting import cut_points
 from stages.asr.engine_share import EngineShare
@@ -54,6 +55,9 @@ class StandIn:
     decode_pool: object = None
     language: str = "en"
     max_file_samples: int = 60 * RATE
+    draining: bool = False
+    uploads: int = 0
+    ops: OpsEndpoints = field(default_factory=lambda: OpsEndpoints(Health(loaded=True)))
 
     def share(self) -> EngineShare:
         return EngineShare(self.engine, 4)

@@ -48,8 +48,10 @@ def session_factory(cfg: Any, models: Any, printer: Any = None) -> Any:
     return make
 
 
-# no models to load; a real slot pool stands for the ASR engine's in the stats line
-telephony._load = lambda cfg: SimpleNamespace(asr=SimpleNamespace(pool=SlotPool(4, 1.0)))
+# no models to load; a real slot pool stands for the ASR engine's in the stats line (and its
+# readiness check), with no engine samples for /metrics
+telephony._load = lambda cfg: SimpleNamespace(
+    asr=SimpleNamespace(pool=SlotPool(4, 1.0), metric_samples=lambda: []))
 telephony.session_factory = session_factory
 
 if __name__ == "__main__":

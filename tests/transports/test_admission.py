@@ -38,7 +38,7 @@ def test_off_loopback_the_token_applies_to_browser_calls() -> None:
                                           {"Host": "h"}, {"token": "s3cret"}))
     assert isinstance(refusal, Refusal) and refusal.status == 403
     assert admission.refused == {"token": 1, "signature": 1, "origin": 0, "host": 0,
-                                 "limit": 0, "client_limit": 0}
+                                 "limit": 0, "client_limit": 0, "draining": 0}
 
 
 def test_a_public_url_makes_a_loopback_server_exposed() -> None:
@@ -162,3 +162,19 @@ def test_one_client_address_holds_at_most_its_share() -> None:
     assert isinstance(call("203.0.113.5"), Ticket)
     assert admission.per_client["203.0.113.5"] == 2 and admission.refused["client_limit"] == 1
     assert admission.active == 8
+
+
+def test_a_draining_server_refuses_every_call_with_the_reason_and_twilio_hears_busy() -> None:
+    admission = Admission("127.0.0.1")
+    held = admission.admit(browser())
+    admission.draining = True
+    for request in (browser(), twilio(Route.TWILIO_MEDIA, "/twilio/media"),
+                    twilio(Route.TWILIO_WEBHOOK, "/twilio/twiml")):
+        refusal = admission.admit(request)
+        assert isinstance(refusal, Refusal) and refusal.status == 503
+        assert refusal.reason == "draining" and "shutting down" in refusal.text
+        assert refusal.busy  # the TwiML answers a busy tone, not an application error
+    assert admission.refused["draining"] == 3 and admission.active == 1
+    assert isinstance(held, Ticket)
+    held.release()  # the live call's end, as usual
+    assert admission.active == 0

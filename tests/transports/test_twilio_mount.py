@@ -190,7 +190,8 @@ def test_twilio_calls_share_the_call_limit_with_browser_calls() -> None:
                 assert exc.value.status == 503
                 await TwilioCaller().run(ws, _tone(1600), tail_s=0.1)
             assert s.server.stats()["refused_by"] == {"token": 0, "signature": 0, "origin": 0,
-                                                      "host": 0, "limit": 3, "client_limit": 0}
+                                                      "host": 0, "limit": 3, "client_limit": 0,
+                                                      "draining": 0}
 
     asyncio.run(main())
 

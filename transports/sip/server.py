@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.errors import CapacityError
+from agent.ops import Check, Health, OpsEndpoints, Sample
 from agent.session import Session
 from transports.g711 import PCMA, PCMU
 from transports.lifecycle import CallLifecycle
@@ -110,6 +111,7 @@ class SipServer(asyncio.DatagramProtocol):
         rtp_timeout_s: float = RTP_TIMEOUT_S,
         ack_timeout_s: float = ACK_TIMEOUT_S,
         setup_timeout_s: float = SETUP_TIMEOUT_S,
+        ready_checks: tuple[Check, ...] = (),
     ) -> None:
         self.session_factory = session_factory
         self.host, self.port = host, port
@@ -133,6 +135,50 @@ class SipServer(asyncio.DatagramProtocol):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ports = random.SystemRandom()
         self.crashes = 0
+        self._ending: set[str] = set()  # calls ended, their sessions closing
+        # RTP dropped by the calls that ended (the live calls' counts are added at a scrape)
+        self.rtp_dropped = {"foreign": 0, "stray_ssrc": 0, "malformed": 0, "send_errors": 0}
+        # /healthz, /readyz and /metrics on --metrics-port (SIP has no HTTP of its own)
+        self.health = Health(self.stats, [self._room, *ready_checks], loaded=True)
+        self.ops = OpsEndpoints(self.health)
+
+    # --- operating it ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return {"calls": len(self.calls), "ended": self.ended, "crashes": self.crashes,
+                "rejected": {str(k): v for k, v in sorted(self.uas.rejected.items())}}
+
+    def _room(self) -> str:
+        most = self.uas.max_calls
+        return "" if len(self.uas.dialogs) < most else f"at its limit of {most} calls"
+
+    def begin_drain(self) -> None:
+        """Take no new call (an INVITE gets 503 with a Retry-After); live calls go on."""
+        self.uas.draining = self.health.draining = True
+
+    @property
+    def live_calls(self) -> int:
+        # calls being set up, answered, or ended on the wire and still closing their session
+        return len(self.uas.dialogs.keys() | self.calls.keys() | self._ending)
+
+    def metric_samples(self) -> list[Sample]:
+        dropped = dict(self.rtp_dropped)
+        for call in self.calls.values():
+            for key, n in _rtp_dropped(call.media.stats).items():
+                dropped[key] += n
+        refused = "INVITEs answered with an error, by status (503: limits and draining)."
+        rtp = "RTP datagrams dropped or not sent, by cause."
+        return [
+            Sample("voxline_calls_admitted", "gauge", "SIP dialogs held (set up or answered).",
+                   len(self.uas.dialogs)),
+            Sample("voxline_calls_max", "gauge", "Calls served at once (--max-calls).",
+                   self.uas.max_calls),
+            Sample("voxline_draining", "gauge", "1 while the server drains (SIGTERM).",
+                   int(self.uas.draining)),
+            *(Sample("voxline_sip_invites_refused", "counter", refused, n, (("status", str(code)),))
+              for code, n in sorted(self.uas.rejected.items())),
+            *(Sample("voxline_rtp_dropped", "counter", rtp, n, (("cause", cause),))
+              for cause, n in dropped.items()),
+        ]
 
     # --- life --------------------------------------------------------------------------------
     async def start(self) -> Address:
@@ -149,7 +195,7 @@ class SipServer(asyncio.DatagramProtocol):
     async def stop(self) -> None:
         """Shut down: new INVITEs get 503 with a Retry-After while the live calls end (a BYE
         each, reason ``shutdown``, and their end reports), then the socket closes."""
-        self.uas.draining = True
+        self.begin_drain()
         if self._timer is not None:
             self._timer.cancel()
         for cid in list(self.uas.dialogs):
@@ -348,7 +394,11 @@ class SipServer(asyncio.DatagramProtocol):
             return
         if call.hangup_watch is not None and call.hangup_watch is not asyncio.current_task():
             call.hangup_watch.cancel()
-        self._report(call, reason, await self._release(call.media, call.life, reason))
+        self._ending.add(call_id)  # (still live for a drain until its end record is out)
+        try:
+            self._report(call, reason, await self._release(call.media, call.life, reason))
+        finally:
+            self._ending.discard(call_id)
 
     def _report(self, call: SipCall, reason: str, summary: dict[str, Any]) -> None:
         """The end record of ``call``, which ``on_call`` saw start (every such call gets one,
@@ -363,9 +413,16 @@ class SipServer(asyncio.DatagramProtocol):
         )
         self.reports.append(report)
         self.ended += 1
+        for key, n in _rtp_dropped(call.media.stats).items():
+            self.rtp_dropped[key] += n
         if self.on_end is not None:
             try:
                 self.on_end(report)
             except Exception:
                 log.exception("call %s: on_end failed", call_id)
         log.info("call %s ended (%s) after %.1f s", call_id, reason, report.seconds)
+
+
+def _rtp_dropped(st: MediaStats) -> dict[str, int]:
+    return {"foreign": st.foreign, "stray_ssrc": st.stray_ssrc, "malformed": st.malformed,
+            "send_errors": st.send_errors}

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 from agent.errors import CapacityError
+from agent.ops import Check, Health, OpsEndpoints, Sample
 from agent.session import Session
 from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
 from transports.lifecycle import CallLifecycle
@@ -172,6 +173,7 @@ class TwilioServer:
         on_end: Callable[[TwilioCallReport], None] | None = None,
         twilio_auth_token: str = "",
         max_calls: int = 100,
+        ready_checks: tuple[Check, ...] = (),
     ) -> None:
         self.session_factory = session_factory
         self.host, self.port = host, port
@@ -187,6 +189,38 @@ class TwilioServer:
         self._server: Any = None
         self._tickets: dict[Any, Ticket] = {}  # connection -> its place, from upgrade to close
         self._watchers: set[asyncio.Task[None]] = set()
+        # /healthz, /readyz and /metrics (the command sets ops.metrics) on the same port
+        self.health = Health(self.stats, [self._room, *ready_checks], loaded=True)
+        self.ops = OpsEndpoints(self.health)
+
+    def stats(self) -> dict[str, Any]:
+        return {"calls": self.active, "ended": self.ended,
+                "refused_by": dict(self.admission.refused)}
+
+    def metric_samples(self) -> list[Sample]:
+        refused = "Calls refused at admission, by reason."
+        return [
+            Sample("voxline_calls_admitted", "gauge", "Media streams holding a place.",
+                   self.active),
+            Sample("voxline_calls_max", "gauge", "Media streams served at once (--max-calls).",
+                   self.admission.max_calls),
+            Sample("voxline_draining", "gauge", "1 while the server drains (SIGTERM).",
+                   int(self.admission.draining)),
+            *(Sample("voxline_calls_refused", "counter", refused, n, (("reason", reason),))
+              for reason, n in self.admission.refused.items()),
+        ]
+
+    def _room(self) -> str:
+        most = self.admission.max_calls
+        return "" if self.active < most else f"at its limit of {most} calls"
+
+    def begin_drain(self) -> None:
+        """Take no new call (the TwiML answers busy, a media stream 503); live ones go on."""
+        self.admission.draining = self.health.draining = True
+
+    @property
+    def live_calls(self) -> int:
+        return self.active
 
     @property
     def active(self) -> int:
@@ -215,6 +249,9 @@ class TwilioServer:
             route = Route.TWILIO_WEBHOOK
         elif path == self.media_path:
             route = Route.TWILIO_MEDIA
+        elif (ops := self.ops.respond(path)) is not None:
+            status, kind, body = ops
+            return _typed(connection.respond(status, body.decode()), kind)
         else:
             return connection.respond(404, "not found\n")
         decision = self.admission.admit(CallRequest(
@@ -232,9 +269,7 @@ class TwilioServer:
 
     @staticmethod
     def _xml(connection: Any, body: str) -> Any:
-        resp = connection.respond(200, body)
-        resp.headers["Content-Type"] = "text/xml"
-        return resp
+        return _typed(connection.respond(200, body), "text/xml")
 
     def _hold(self, connection: Any, ticket: Ticket) -> None:
         """Keep the place until the connection closes, whether or not its handshake completes
@@ -272,9 +307,18 @@ class TwilioServer:
                 self.on_end(report)
 
     async def stop(self) -> None:
+        self.begin_drain()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
         for watcher in list(self._watchers):
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+
+
+def _typed(response: Any, content_type: str) -> Any:
+    """``response`` with ``content_type`` as its only Content-Type (websockets' ``respond``
+    sets text/plain, and its headers' item assignment adds a value beside it)."""
+    del response.headers["Content-Type"]
+    response.headers["Content-Type"] = content_type
+    return response
