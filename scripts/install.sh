@@ -20,7 +20,7 @@ if [ "$with_test" = 1 ]; then
   fi
   # torch: the CPU build, pinned (a bare "torch" would pull a multi-GB CUDA build)
   "$PY" -m pip install -q torch==2.13.0
-  extras="embedded,web,telephony,report,fast,parakeet,test"
+  extras="embedded,web,telephony,report,fast,parakeet,ray,test"
 else
   extras="embedded,web,telephony,fast"
 fi

@@ -7,9 +7,29 @@ const MIC_CONSTRAINTS = { audio: { echoCancellation: true, noiseSuppression: tru
                                    autoGainControl: true, channelCount: 1 } };
 const token = new URLSearchParams(location.search).get('token');
 const withToken = (path) => (token ? `${path}?token=${encodeURIComponent(token)}` : path);
+// Behind the scale-out ingress (voxline serve --ray) the page says where to ask for a place: the
+// ingress reserves one on a replica and answers that replica's own addresses, so the call's
+// media goes straight to it. Served by a voxline server itself, the page calls that server.
+const placement = document.querySelector('meta[name=voxline-placement]')?.content;
+
+async function mediaAddresses() {
+  if (!placement) {
+    const proto = location.protocol === 'https:' ? 'wss:' : 'ws:';
+    return { ws: `${proto}//${location.host}${withToken('/ws')}`, offer: withToken('/offer') };
+  }
+  const r = await fetch(withToken(placement), { method: 'POST' });
+  if (!r.ok) {
+    let why = (await r.text()).trim();
+    try { why = JSON.parse(why).why || why; } catch (e) { /* plain text */ }
+    throw new Error(`no place for the call: ${r.status} ${why}`);
+  }
+  const place = await r.json();
+  state.replica = place.replica;
+  return place;
+}
 
 const state = window.voxline = {
-  status: 'idle', transport: null, session: null, events: 0, finals: [], partial: '',
+  status: 'idle', transport: null, session: null, replica: null, events: 0, finals: [], partial: '',
   replies: [], traces: [], interrupts: 0, errors: [], micFrames: 0, agentChunks: 0,
   agentMaxRms: 0, micMaxRms: 0, voiceToVoiceMs: [], voiceToVoiceMsAt: [],
   // WebRTC only: the same turns timed where WebAudio's analyser hears the agent (see startWebRTC)
@@ -243,7 +263,7 @@ function watchLevels(ctx, micSource, agentOut, voiceClocks, agentClocks) {
 }
 
 // --- WebSocket transport ----------------------------------------------------------------------------
-async function startWebSocket(stream) {
+async function startWebSocket(stream, media) {
   const ctx = new AudioContext({ sampleRate: 16000 });
   if (ctx.state !== 'running') await ctx.resume();
   await ctx.audioWorklet.addModule('/static/capture-worklet.js');
@@ -253,8 +273,7 @@ async function startWebSocket(stream) {
   src.connect(capture).connect(sink).connect(ctx.destination);
   const out = ctx.createGain(); out.connect(ctx.destination);
 
-  const proto = location.protocol === 'https:' ? 'wss:' : 'ws:';
-  const ws = new WebSocket(`${proto}//${location.host}${withToken('/ws')}`);
+  const ws = new WebSocket(media.ws);
   ws.binaryType = 'arraybuffer';
   let playHead = 0;
   const playing = new Set();
@@ -294,7 +313,7 @@ async function startWebSocket(stream) {
 }
 
 // --- WebRTC transport --------------------------------------------------------------------------------
-async function startWebRTC(stream) {
+async function startWebRTC(stream, media) {
   const ctx = new AudioContext();
   if (ctx.state !== 'running') await ctx.resume();
   // The agent is heard through a media element, which plays the track as it leaves Chromium's
@@ -330,7 +349,7 @@ async function startWebRTC(stream) {
     pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && resolve());
     setTimeout(resolve, 2000);
   });
-  const r = await fetch(withToken('/offer'), {
+  const r = await fetch(media.offer, {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }),
   });
@@ -391,7 +410,8 @@ async function startCall() {
   setStatus('connecting');
   try {
     const stream = await navigator.mediaDevices.getUserMedia(MIC_CONSTRAINTS);
-    const handles = transport === 'ws' ? await startWebSocket(stream) : await startWebRTC(stream);
+    const media = await mediaAddresses();
+    const handles = transport === 'ws' ? await startWebSocket(stream, media) : await startWebRTC(stream, media);
     call = { ...handles, stream };
     if (transport === 'webrtc') setStatus(state.status === 'connecting' ? 'negotiated' : state.status);
   } catch (err) {

@@ -54,6 +54,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "Twilio's X-Twilio-Signature on the TwiML and the media stream; required "
                         "with --twilio off loopback or with --public-url")
     add_ops_flags(p)
+    ray = p.add_argument_group("scale-out on Ray Serve (voxline[ray])")
+    ray.add_argument("--ray", action="store_true",
+                     help="run as a Ray Serve application: voice replicas (each with the models "
+                          "and its own media server) behind an ingress that serves the page and "
+                          "places each call; --max-calls is per replica")
+    ray.add_argument("--ray-address", default="", metavar="ADDR",
+                     help="the cluster to join (default: $RAY_ADDRESS, else a local one)")
+    ray.add_argument("--ray-replicas", type=int, default=0, metavar="N",
+                     help="a fixed number of voice replicas (default: autoscale on active calls)")
+    ray.add_argument("--ray-max-replicas", type=int, default=4, metavar="N",
+                     help="the most voice replicas the autoscaler starts (default 4)")
+    ray.add_argument("--ray-media-host", default="", metavar="ADDR",
+                     help="the address the replicas' media servers bind and hand to callers "
+                          "(default: each node's IP)")
+    ray.add_argument("--ray-replica-cpus", type=float, default=1.0, metavar="N",
+                     help="CPUs Ray reserves for each voice replica (default 1)")
     add_config_flags(p)
     p.set_defaults(func=main)
 
@@ -63,6 +79,10 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     check_ops_flags(args)
+    if args.ray:
+        from agent.commands.ray_serve import serve_main
+
+        return serve_main(args, cfg)
     return runtime.run(_serve(args, cfg), cfg.runtime)
 
 

@@ -52,6 +52,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "voxline call recording split by channel: caller,agent)")
     p.add_argument("--words", action="store_true",
                    help="per-word start/end times in the JSON (on with --diarize, srt and vtt)")
+    p.add_argument("--ray", action="store_true",
+                   help="transcribe on Ray Data: the files go to a pool of engine actors, each "
+                   "loading the ASR model once (needs voxline[ray]; the files must be readable "
+                   "where the driver runs)")
+    p.add_argument("--ray-address", default="", metavar="ADDR",
+                   help="--ray: the cluster to join (default: $RAY_ADDRESS, else a local one)")
+    p.add_argument("--ray-actors", type=int, default=2, metavar="N",
+                   help="--ray: engine actors (default 2), each taking --asr-threads CPUs")
+    p.add_argument("--ray-files", type=int, default=8, metavar="N",
+                   help="--ray: files handed to an actor at once (default 8)")
     add_config_flags(p, sections=["asr", "vad", "runtime"])
     p.set_defaults(func=main)
 
@@ -99,14 +109,19 @@ def main(args: argparse.Namespace) -> int:
     want_words = args.diarize or args.words or "srt" in formats or "vtt" in formats
     embedder = _speaker_model(args, cfg) if args.diarize else None  # a missing model fails now
     cfg.asr.max_batch = args.batch_size
-    backend = _backend(cfg, want_words)
-    vad = SileroModel(cfg.vad)
-    freeze_after_warmup(cfg.runtime)
     units = [(f"{i.name}#{c + 1}" if split else i.name, ch)
              for i in inputs for c, ch in enumerate(i.channels)]
     total = sum(i.duration_s for i in inputs)
-    t0 = time.perf_counter()
-    results = iter(_run_with_progress(units, backend, vad, args, cfg))
+    if args.ray:
+        pool = _RayPool(args, cfg, want_words)  # the actors load the model before the clock
+        t0 = time.perf_counter()
+        results = iter(pool.transcribe(units))
+    else:
+        backend = _backend(cfg, want_words)
+        vad = SileroModel(cfg.vad)
+        freeze_after_warmup(cfg.runtime)
+        t0 = time.perf_counter()
+        results = iter(_run_with_progress(units, backend, vad, args, cfg))
     t_asr = time.perf_counter() - t0
     names = [n.strip() for n in args.speaker_names.split(",")] if args.speaker_names else []
     for inp in inputs:
@@ -118,6 +133,8 @@ def main(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     rtfx = total / wall if wall > 0 else float("inf")
     what = ", speakers by channel" if split else (", diarized" if args.diarize else "")
+    if args.ray:
+        what += f", on Ray Data with {args.ray_actors} engine actors"
     msg = (f"{len(inputs)} files, {total:.1f} s of audio in {wall:.2f} s: RTFx {rtfx:.1f} "
            f"(audio seconds per wall second, after model load; asr {cfg.asr.backend}, "
            f"batch {args.batch_size}{what}"
@@ -239,3 +256,63 @@ def _run_with_progress(audios, backend, vad, args, cfg):  # noqa: ANN001, ANN202
         return transcribe_files(audios, backend, vad, args.batch_size, args.max_chunk,
                                 on_progress=lambda s: bar.advance(task, s),
                                 vad_threads=cfg.asr.threads)
+
+
+class _RayPool:
+    """``--ray``: Ray Data over a pool of engine actors (:class:`_RayEngine`); ``map_batches``
+    hands each actor a few whole files, and the results come back in the files' order."""
+
+    def __init__(self, args: argparse.Namespace, cfg: Any, words: bool) -> None:
+        from agent.errors import VoxlineError
+
+        if args.ray_actors < 1 or args.ray_files < 1:
+            raise VoxlineError("--ray-actors and --ray-files must be at least 1")
+        try:
+            import ray
+        except ImportError:
+            raise VoxlineError("--ray needs Ray Data: pip install 'voxline[ray]'") from None
+        if not ray.is_initialized():
+            ray.init(address=args.ray_address or None, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+        self.ray = ray
+        self.args, self.cfg, self.words = args, cfg, words
+
+    def transcribe(self, units: list[tuple[str, np.ndarray]]) -> list:
+        import pickle
+
+        rows = [{"i": i, "name": name, "pcm": pcm.astype("<i2", copy=False).tobytes()}
+                for i, (name, pcm) in enumerate(units)]
+        args = self.args
+        out = self.ray.data.from_items(rows).map_batches(
+            _RayEngine, batch_size=args.ray_files, batch_format="numpy",
+            concurrency=args.ray_actors, num_cpus=max(1, self.cfg.asr.threads),
+            fn_constructor_args=(self.cfg, self.words, args.batch_size, args.max_chunk))
+        got = {int(r["i"]): pickle.loads(r["result"]) for r in out.iter_rows()}
+        return [got[i] for i in range(len(units))]
+
+
+class _RayEngine:
+    """One engine actor of ``--ray``: the ASR backend and the VAD, loaded once; each batch of
+    files goes through the same :func:`~stages.asr.offline.transcribe_files` as without Ray."""
+
+    def __init__(self, cfg: Any, words: bool, batch_size: int, max_chunk: float) -> None:
+        from stages.vad import SileroModel
+
+        self.cfg, self.batch_size, self.max_chunk = cfg, batch_size, max_chunk
+        self.backend = _backend(cfg, words)
+        self.vad = SileroModel(cfg.vad)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import pickle
+
+        import numpy as np
+
+        from stages.asr.offline import transcribe_files
+
+        audios = [(str(n), np.frombuffer(p, "<i2").astype(np.int16))
+                  for n, p in zip(batch["name"], batch["pcm"], strict=True)]
+        results = transcribe_files(audios, self.backend, self.vad, self.batch_size, self.max_chunk,
+                                   vad_threads=self.cfg.asr.threads)
+        packed = np.empty(len(results), dtype=object)
+        packed[:] = [pickle.dumps(r) for r in results]
+        return {"i": batch["i"], "result": packed}

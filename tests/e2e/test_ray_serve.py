@@ -1,0 +1,278 @@
+"""End to end on a local Ray cluster (loopback only): ``voxline serve --ray``'s application with
+two voice replicas, real WebSocket calls playing real speech, placed by the ingress and served
+straight by the replicas; then a redeploy down to one replica, which drains each old replica
+while its call goes on (scale-down drains through the same `__del__`; which replica the
+autoscaler stops is its choice, so a test cannot aim a call at it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import speech
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray", reason="the Ray Serve tests need the ray extra (pip install 'voxline[ray]')")
+
+from agent.commands.ray_serve import APP_NAME, ScaleOptions, voice_app  # noqa: E402
+
+MAX_CALLS = 2  # per replica: four calls fill both, so where each lands is known
+FRAME = 320  # samples: 20 ms at 16 kHz, one binary message
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _config():
+    from agent.config import Config
+
+    cfg = Config()
+    cfg.asr.threads = 1
+    cfg.tts.backend = "espeak"  # the light voice: two replicas share two cores
+    cfg.llm.max_tokens = 12
+    cfg.llm.batch_threads = 1
+    cfg.runtime.gc_freeze = False
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray import serve
+
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False, configure_logging=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        origin = f"http://127.0.0.1:{port}"
+        options = ScaleOptions(cfg=_config(), max_calls=MAX_CALLS, replicas=2,
+                               media_host="127.0.0.1", allowed_origins=[origin],
+                               drain_timeout_s=60.0, replica_cpus=1.0)
+        t0 = time.monotonic()
+        handle = serve.run(voice_app(options), name=APP_NAME, route_prefix="/")
+        print(f"\napplication up in {time.monotonic() - t0:.1f} s")
+        yield {"origin": origin, "options": options, "handle": handle}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@dataclass
+class Call:
+    """One caller: its placement, what it sent and what it heard."""
+
+    placement: dict
+    session: str = ""
+    frames_sent: int = 0
+    finals: list[str] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    closed_by_server: int | None = None
+    more: list[str] = field(default_factory=list)  # clips to say next, on the held line
+    hung_up: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def replica(self) -> str:
+        return self.placement["replica"]
+
+    def heard(self) -> str:
+        return " ".join(self.finals)
+
+
+async def place(http, origin: str) -> tuple[int, dict]:
+    async with http.post(f"{origin}/place") as r:
+        return r.status, await r.json()
+
+
+async def run_call(http, call: Call, origin: str, clips: list[str]) -> None:
+    """Stream each clip in real time then silence until its final transcript comes; hold the
+    line (silence, or the clips put in ``call.more``) until ``call.hung_up`` is set; then hang
+    up."""
+    import aiohttp
+
+    ws = await http.ws_connect(call.placement["ws"], headers={"Origin": origin})
+    finals_wanted = 0
+
+    async def reader() -> None:
+        async for msg in ws:
+            if msg.type is aiohttp.WSMsgType.TEXT:
+                ev = json.loads(msg.data)
+                call.events.append(ev)
+                if ev["type"] == "ready":
+                    call.session = ev["session"]
+                elif ev["type"] == "transcript" and ev["final"] and ev["text"].strip():
+                    call.finals.append(ev["text"].strip())
+        if not call.hung_up.is_set():
+            call.closed_by_server = ws.close_code
+
+    task = asyncio.create_task(reader())
+    loop = asyncio.get_running_loop()
+    t0, k = loop.time(), 0
+    silence = np.zeros(FRAME, np.int16).tobytes()
+
+    async def send(frame: bytes) -> None:
+        nonlocal k
+        await ws.send_bytes(frame)
+        call.frames_sent += 1
+        k += 1
+        await asyncio.sleep(max(0.0, t0 + k * 0.02 - loop.time()))
+
+    async def say(name: str) -> None:
+        nonlocal finals_wanted
+        pcm = speech.load(name)
+        for i in range(0, len(pcm) - FRAME + 1, FRAME):
+            await send(pcm[i:i + FRAME].tobytes())
+        finals_wanted += 1
+        give_up = loop.time() + 30
+        while len(call.finals) < finals_wanted and loop.time() < give_up and not ws.closed:
+            await send(silence)
+
+    try:
+        for name in clips:
+            await say(name)
+        while not call.hung_up.is_set() and not ws.closed:
+            if call.more:
+                await say(call.more.pop(0))
+            else:
+                await send(silence)
+    finally:
+        if not ws.closed:
+            await ws.send_str(json.dumps({"type": "hangup"}))
+            await ws.close()
+        await asyncio.wait_for(task, 10)
+
+
+async def replica_health(http, call: Call) -> dict:
+    async with http.get(call.placement["base"] + "/healthz") as r:
+        return await r.json()
+
+
+def _wer(reference: str, heard: str) -> float:
+    from stages.asr.wer import wer
+
+    return wer(reference, heard)
+
+
+def test_calls_spread_over_both_replicas_and_a_drained_replica_lets_its_calls_finish(cluster):
+    import aiohttp
+    from ray import serve
+
+    origin = cluster["origin"]
+    clips = ["kittens", "honest", "quilter", "wizard"]
+
+    async def main() -> tuple[list[Call], Call, dict[str, list[Call]], list[float]]:
+        async with aiohttp.ClientSession() as http:
+            # the page, served by the ingress, asks it for a place before calling
+            async with http.get(f"{origin}/") as r:
+                assert r.status == 200 and 'name="voxline-placement"' in await r.text()
+            # --- four calls: two places per replica, so two land on each ------------------------
+            setup_ms, calls = [], []
+            for _ in clips:
+                t = time.perf_counter()
+                status, placement = await place(http, origin)
+                setup_ms.append((time.perf_counter() - t) * 1000)
+                assert status == 200, placement
+                calls.append(Call(placement))
+            by_replica: dict[str, list[Call]] = {}
+            for c in calls:
+                by_replica.setdefault(c.replica, []).append(c)
+            assert sorted(len(v) for v in by_replica.values()) == [2, 2], by_replica.keys()
+            # every place is promised: the next placement is refused, with each replica's why
+            status, refused = await place(http, origin)
+            assert status == 503 and len(refused["replicas"]) == 2, refused
+            assert all("full" in why for why in refused["replicas"]), refused
+            # the media goes to each replica's own port, not through Serve's proxy
+            ports = {c.placement["ws"].split("/")[2] for c in calls}
+            assert len(ports) == 2 and origin.split("/")[2] not in ports
+            tasks = {id(c): asyncio.create_task(run_call(http, c, origin, [clip]))
+                     for c, clip in zip(calls, clips, strict=True)}
+            give_up = time.monotonic() + 90
+            while not all(c.finals for c in calls) and time.monotonic() < give_up:
+                assert not any(t.done() and t.exception() for t in tasks.values())
+                await asyncio.sleep(0.2)
+            for c, clip in zip(calls, clips, strict=True):
+                assert _wer(speech.text(clip), c.heard()) <= 0.35, (clip, c.heard())
+            # --- one caller per replica hangs up: all its frames were served by its replica ----
+            first = [cs[0] for cs in by_replica.values()]
+            for c in first:
+                c.hung_up.set()
+            await asyncio.gather(*(tasks[id(c)] for c in first))
+            for c in first:
+                health = await replica_health(http, c)
+                assert health["replica"] == c.replica
+                assert health["served"] == 2 and health["calls"] == 1, health
+                assert health["audio_frames_in"] == c.frames_sent, (health, c.frames_sent)
+                assert health["dropped_inbound_frames"] == 0, health
+            # --- redeploy (to one replica) while a call is live on each old one ------------------
+            # Serve replaces the old replicas one at a time, each only once it has stopped: so
+            # each old replica drains while its call goes on; the caller says one more thing,
+            # is heard and hangs up itself, and only then does that replica stop
+            redeploy = threading.Thread(target=serve.run, args=(voice_app(cluster["options"], 1),),
+                                        kwargs={"name": APP_NAME, "route_prefix": "/"}, daemon=True)
+            redeploy.start()
+            held = {cs[1].replica: cs[1] for cs in by_replica.values()}
+            drained: list[str] = []
+            give_up = time.monotonic() + 150
+            while len(drained) < 2 and time.monotonic() < give_up:
+                for rid, c in held.items():
+                    if rid in drained or (await replica_health(http, c))["status"] != "draining":
+                        continue
+                    drained.append(rid)
+                    # a placement meanwhile never lands on the draining replica
+                    status, placement = await place(http, origin)
+                    assert status == 200 and placement["replica"] != rid, placement
+                    await _say_more(c, "honest")
+                    c.hung_up.set()
+                    await tasks[id(c)]
+                await asyncio.sleep(0.2)
+            assert sorted(drained) == sorted(held), drained
+            redeploy.join(60)
+            assert not redeploy.is_alive()
+            for c in held.values():
+                assert c.closed_by_server is None, (c.closed_by_server, c.events[-3:])
+                assert not any(e["type"] == "error" and e.get("fatal") for e in c.events)
+                assert len(c.finals) >= 2, c.finals
+                assert _wer(speech.text("honest"), c.finals[-1]) <= 0.35, c.finals
+            await asyncio.gather(*tasks.values())
+            # --- the new replica takes the next call ------------------------------------------
+            status, placement = await place(http, origin)
+            assert status == 200 and placement["replica"] not in by_replica, placement
+            late = Call(placement)
+            late.hung_up.set()  # once its clip is heard
+            await run_call(http, late, origin, ["kittens"])
+            assert _wer(speech.text("kittens"), late.heard()) <= 0.35, late.heard()
+            return calls, late, by_replica, setup_ms
+
+    calls, late, by_replica, setup_ms = asyncio.run(main())
+    # the drained replicas are gone
+    give_up = time.monotonic() + 30
+    while time.monotonic() < give_up:
+        status = serve.status().applications[APP_NAME].deployments["VoiceReplica"]
+        if dict(status.replica_states) == {"RUNNING": 1}:
+            break
+        time.sleep(0.2)
+    assert dict(status.replica_states) == {"RUNNING": 1}, status.replica_states
+    # the late call lived on the replica it was placed on, and every frame of it was served there
+    handle = serve.get_deployment_handle("VoiceReplica", app_name=APP_NAME)
+    info = handle.info.remote().result(timeout_s=30)
+    assert info["replica"] == late.replica
+    assert info["sessions"] == [late.session]
+    assert info["audio_frames_in"] == late.frames_sent and info["dropped_inbound_frames"] == 0
+    print(f"placement through the ingress: {[round(ms, 1) for ms in setup_ms]} ms")
+
+
+async def _say_more(call: Call, clip: str) -> None:
+    """One more utterance on a held call; returns once it is heard (or 45 s passed)."""
+    had = len(call.finals)
+    call.more.append(clip)
+    give_up = time.monotonic() + 45
+    while len(call.finals) <= had and time.monotonic() < give_up:
+        await asyncio.sleep(0.2)
