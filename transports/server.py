@@ -109,6 +109,7 @@ class VoiceServer:
         self.dropped_audio = 0
         self.frames_in = 0  # caller frames the finished WebSocket calls took
         self.dropped_inbound = 0  # and dropped, over the real-time rate
+        self.webrtc_dropped_inbound = 0  # WebRTC caller frames over the rate (ended calls)
         self.extra_stats = extra_stats  # what the process adds to /healthz (its ASR slots)
         self.health = Health(self.stats, [self._room, *ready_checks], loaded=loaded)
         self.ops = OpsEndpoints(self.health, metrics)
@@ -199,6 +200,9 @@ class VoiceServer:
         live = [c for c in self.calls.values() if isinstance(c, WebSocketCall)]
         out = self.dropped_audio + sum(c.outbox.dropped_audio for c in live)
         into = self.dropped_inbound + sum(c.stats.dropped_inbound for c in live)
+        rtc = self.webrtc_dropped_inbound + sum(
+            c.dropped_inbound for c in self.calls.values()
+            if c is not None and not isinstance(c, WebSocketCall))
         refused = "Calls refused at admission, by reason."
         dropped = "Audio frames dropped, by transport and direction (out: the agent's audio a " \
                   "slow client could not take; in: caller audio over the real-time rate)."
@@ -215,6 +219,8 @@ class VoiceServer:
                    (("transport", "websocket"), ("direction", "out"))),
             Sample("voxline_frames_dropped", "counter", dropped, into,
                    (("transport", "websocket"), ("direction", "in"))),
+            Sample("voxline_frames_dropped", "counter", dropped, rtc,
+                   (("transport", "webrtc"), ("direction", "in"))),
         ]
 
     # --- handlers ----------------------------------------------------------------------------
@@ -311,6 +317,7 @@ class VoiceServer:
         def closed(call: Any) -> None:
             ticket.release()
             self.calls.pop(call.session.id, None)
+            self.webrtc_dropped_inbound += call.dropped_inbound
 
         call = WebRTCCall(session, rtc_configuration(self.ice_servers), on_closed=closed, **options)
         self.calls[session.id] = call

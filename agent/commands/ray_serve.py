@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 APP_NAME = "voxline"
+TWIML_BODY_MAX = 64 * 1024  # a Twilio webhook's form: its call parameters
+SESSIONS_KEPT = 64  # the latest calls a replica's info() lists
 PLACE_HOLD_S = 10.0  # a reserved place waits this long for its call, then lapses
 ACTIVE_CALLS = "active_calls"  # the custom autoscaling metric each replica reports
 ROUTING_STATS_PERIOD_S = 1.0  # how often replicas tell the ingress's router their free places
@@ -179,6 +181,12 @@ class ScaleOptions:
     # "module:function": function(cfg) returns the replica's session factory (its own agent);
     # "" = the configured models (agent.presets), loaded once per replica
     agent: str = ""
+    # Twilio Media Streams: the ingress answers the number's webhook (GET|POST /twilio/twiml)
+    # with TwiML that connects the call straight to a replica's /twilio/media; with the
+    # account's auth token both check Twilio's signatures (required off loopback)
+    twilio: bool = False
+    twilio_auth_token: str = ""
+    public_url: str = ""  # the ingress's public https:// address (the URL Twilio signs)
 
     def graceful_shutdown_timeout_s(self) -> float:
         # Serve force-kills a stopping replica after this: it must outlast the drain
@@ -217,8 +225,9 @@ def media_urls(host: str, port: int, token: str) -> dict[str, str]:
 
     q = f"?token={quote(token)}" if token else ""
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    # (Twilio presents no token: its media stream is checked by its signature)
     return {"ws": f"ws://{netloc}/ws{q}", "offer": f"http://{netloc}/offer{q}",
-            "base": f"http://{netloc}"}
+            "twilio": f"ws://{netloc}/twilio/media", "base": f"http://{netloc}"}
 
 
 def allow_cross_origin_offers(app: Any, origins: Iterable[str]) -> None:
@@ -340,7 +349,9 @@ class VoiceReplica:
 
         from ray import serve
 
+        from agent import observe
         from agent.config import Config
+        from agent.metrics import Metrics
         from agent.presets import asr_stats, load, load_models, new_session
         from transports.server import VoiceServer
 
@@ -348,33 +359,54 @@ class VoiceReplica:
         cfg = options.cfg if options.cfg is not None else Config()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         host = options.media_host or _node_ip()
-        self.sessions: list[str] = []  # the calls this replica served, by session id
+        # the latest calls this replica served: their session ids and traces (what the caller
+        # said, turn by turn), for info()
+        self.sessions: deque[tuple[str, Any]] = deque(maxlen=SESSIONS_KEPT)
+        self.metrics = Metrics("serve-replica")  # its /metrics, beside its calls
         if options.agent:
             factory = await asyncio.to_thread(load(options.agent), cfg)
+            phone = factory
             stats: Any = dict
         else:
             models = await asyncio.to_thread(load_models, cfg)
             factory = functools.partial(new_session, cfg, models)
+            phone = functools.partial(new_session, cfg, models, telephony=True)
             stats = functools.partial(asr_stats, models.asr)  # (read when asked: slots in use)
+            self.metrics.add_source(models.asr.metric_samples)
+        self.twilio_calls = 0  # Twilio streams started (their places come off the book too)
 
         def session() -> Any:
             s = factory()
-            self.sessions.append(s.id)
+            self.sessions.append((s.id, s.trace))
+            return s
+
+        def twilio_session(start: Any) -> Any:
+            self.twilio_calls += 1
+            s = phone()
+            self.sessions.append((s.id, s.trace))
             return s
 
         self.server = VoiceServer(session, host=host, port=0, token=options.token,
                                   max_calls=options.max_calls,
                                   allowed_origins=list(options.allowed_origins),
+                                  twilio_auth_token=options.twilio_auth_token,
                                   extra_stats=lambda: {**stats(), "replica": self.replica_id},
-                                  **options.extra)
+                                  metrics=self.metrics.render, **options.extra)
+        self.metrics.add_source(self.server.metric_samples)
+        self._unwatch = observe.watch(self.metrics)
         allow_cross_origin_offers(self.server.app, options.allowed_origins)
+        if options.twilio:
+            from transports.twilio.mount import add_twilio_routes
+
+            add_twilio_routes(self.server.app, twilio_session, self.server.admission)
         await self.server.start()
         self.places = Places(options.max_calls, options.hold_s)
         token = self.server.auth.token if self.server.auth.required else ""
         self.urls = media_urls(host, self.server.port, token)
 
     def _book(self) -> tuple[float, int, int]:
-        return time.monotonic(), self.server.live_calls, self.server.served
+        return (time.monotonic(), self.server.live_calls,
+                self.server.served + self.twilio_calls)
 
     async def reserve(self, tried: Sequence[str] = ()) -> dict[str, Any]:
         """A place for one call, or why not. Seeing itself in ``tried`` means the router had
@@ -400,7 +432,9 @@ class VoiceReplica:
         import os
 
         return {"replica": self.replica_id, "pid": os.getpid(), **self.urls,
-                "sessions": list(self.sessions),
+                "sessions": [sid for sid, _ in self.sessions],
+                "heard": {sid: [t["text"] for t in trace.turns if t["text"]]
+                          for sid, trace in self.sessions},
                 "draining": self.places.draining, **self.server.stats()}
 
     async def __del__(self) -> None:  # awaited by Serve on shutdown (never by the GC)
@@ -415,6 +449,7 @@ class VoiceReplica:
             print(f"voxline replica {self.replica_id}: ending {left} call(s) still live after "
                   f"the {self.options.drain_timeout_s:g} s drain", flush=True)
         await server.stop()
+        self._unwatch()
 
 
 class VoiceIngress:
@@ -422,6 +457,7 @@ class VoiceIngress:
     a replica: its direct ``ws`` and ``offer`` addresses, or 503 and why), ``GET /healthz``."""
 
     def __init__(self, voice: Any, options: ScaleOptions) -> None:
+        from transports.admission import Admission
         from transports.server import WEB_ROOT
 
         self.voice = voice
@@ -430,6 +466,12 @@ class VoiceIngress:
         self.page = placement_page((WEB_ROOT / "index.html").read_text(encoding="utf-8"))
         self.placed = 0
         self.refused = 0
+        # the Twilio webhook's signature check (the ingress's own address is what Twilio signs)
+        self.twilio = Admission("0.0.0.0" if options.public_url else "127.0.0.1",
+                                public_url=options.public_url,
+                                twilio_auth_token=options.twilio_auth_token)
+        if options.twilio:
+            self.twilio.require_twilio()
 
     async def place(self, attempts: int = 0) -> tuple[int, dict[str, Any]]:
         """Ask replicas (each at most once) for a place; (200, addresses) or (503, why)."""
@@ -457,6 +499,8 @@ class VoiceIngress:
                 return PlainTextResponse("a token is needed: ?token=… or X-Voxline-Token\n", 401)
             status, body = await self.place()
             return JSONResponse(body, status_code=status)
+        if path == "/twilio/twiml" and request.method in ("GET", "POST") and self.options.twilio:
+            return await self._twiml(request)
         if path == "/" and request.method == "GET":
             return HTMLResponse(self.page)
         if path.startswith("/static/") and request.method == "GET":
@@ -466,6 +510,43 @@ class VoiceIngress:
         if path == "/healthz":
             return JSONResponse({"status": "ok", "placed": self.placed, "refused": self.refused})
         return PlainTextResponse("not found\n", 404)
+
+
+    async def _twiml(self, request: Any) -> Any:
+        """Twilio's webhook: its signature checked, then a place on a replica; the TwiML
+        connects the call's media straight to that replica (busy when none has room)."""
+        from urllib.parse import parse_qsl
+
+        from starlette.responses import PlainTextResponse, Response
+
+        from transports.admission import CallRequest, Refusal, Route
+        from transports.twilio.twiml import connect_stream_twiml, reject_twiml
+
+        form: tuple[tuple[str, str], ...] = ()
+        if request.method == "POST":  # Twilio's parameters, form-encoded (a few hundred bytes)
+            body = await request.body()
+            if len(body) > TWIML_BODY_MAX:
+                return PlainTextResponse("the webhook's body is too large\n", 413)
+            form = tuple(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        decision = self.twilio.admit(CallRequest(
+            Route.TWILIO_WEBHOOK, target, request.headers, dict(request.query_params), form,
+            request.url.scheme))
+        if isinstance(decision, Refusal):
+            return PlainTextResponse(decision.text, decision.status)
+        status, answer = await self.place()
+        scheme = (self.options.public_url.partition("://")[0] if self.options.public_url
+                  else request.url.scheme)
+        twiml = (connect_stream_twiml(_secure(answer["twilio"], scheme))
+                 if status == 200 else reject_twiml("busy"))
+        return Response(twiml, media_type="text/xml")
+
+
+def _secure(url: str, scheme: str) -> str:
+    """A replica's media URL as Twilio is to use it: ``wss`` when the ingress is reached over
+    TLS (Twilio connects only to wss:// in production: each replica's media port then sits
+    behind TLS of its own)."""
+    return "wss://" + url.removeprefix("ws://") if scheme == "https" else url
 
 
 def _token_ok(request: Any, token: str) -> bool:
@@ -504,7 +585,8 @@ def serve_main(args: Any, cfg: Any) -> int:
         cfg=cfg, token=token, max_calls=args.max_calls, replicas=args.ray_replicas,
         max_replicas=args.ray_max_replicas, media_host=args.ray_media_host,
         allowed_origins=origins, replica_cpus=args.ray_replica_cpus,
-        drain_timeout_s=args.drain_timeout)
+        drain_timeout_s=args.drain_timeout, twilio=args.twilio,
+        twilio_auth_token=args.twilio_auth_token, public_url=args.public_url)
     ray.init(address=args.ray_address or None, include_dashboard=False)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(voice_app(options), name=APP_NAME, route_prefix="/")

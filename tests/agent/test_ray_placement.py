@@ -109,13 +109,19 @@ def test_a_replica_reports_live_and_promised_calls_as_its_metric():
     replica.server = SimpleNamespace(live_calls=2, served=5)
     replica.places = Places(8, served=5)
     replica.replica_id = "r1"
+    replica.twilio_calls = 0
     replica.urls = media_urls("127.0.0.1", 9000, "")
-    assert asyncio.run(replica.reserve())["ok"]
+    placed = asyncio.run(replica.reserve())
+    assert placed["ok"] and placed["twilio"] == "ws://127.0.0.1:9000/twilio/media"
     assert asyncio.run(replica.record_autoscaling_stats()) == {ACTIVE_CALLS: 3.0}
     stats = asyncio.run(replica.record_routing_stats())
     assert stats["free"] == 5 and not stats["draining"]
     refusal = asyncio.run(replica.reserve(tried=["r1"]))
     assert not refusal["ok"] and refusal["exhausted"]
+    # a Twilio stream arriving takes its reservation off the book, as a browser call does
+    replica.twilio_calls = 1
+    replica.server.live_calls = 3
+    assert asyncio.run(replica.record_autoscaling_stats()) == {ACTIVE_CALLS: 3.0}
 
 
 def test_replicas_outlast_their_drain_and_autoscale_on_calls():

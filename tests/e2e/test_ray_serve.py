@@ -7,7 +7,9 @@ autoscaler stops is its choice, so a test cannot aim a call at it)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import socket
 import threading
 import time
@@ -49,6 +51,11 @@ def cluster():
     from ray import serve
 
     port = _free_port()
+    # A loaded 2-core machine can take longer than Serve's 5 s to start its HTTP proxy (it
+    # then kills and restarts it, over and over): give it a minute. Set before the cluster
+    # starts, so its processes inherit them.
+    for var in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(var, "60")
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, configure_logging=False)
     try:
@@ -276,3 +283,58 @@ async def _say_more(call: Call, clip: str) -> None:
     give_up = time.monotonic() + 45
     while len(call.finals) <= had and time.monotonic() < give_up:
         await asyncio.sleep(0.2)
+
+
+def test_a_twilio_call_is_placed_by_the_webhook_and_streams_straight_to_a_replica(cluster):
+    """The number's webhook reaches the ingress through Serve's proxy; its TwiML connects the
+    media stream to a replica's own port; that replica hears the caller and answers. A full
+    application answers the webhook busy."""
+    import urllib.parse
+
+    import aiohttp
+    from ray import serve
+    from websockets.asyncio.client import connect
+
+    from transports.twilio.caller import TwilioCaller
+
+    origin = cluster["origin"]
+    options = dataclasses.replace(cluster["options"], twilio=True)
+    serve.run(voice_app(options, 1), name=APP_NAME, route_prefix="/")  # (the old ones drain)
+    call = {"CallSid": "CA" + "1" * 32, "From": "+15550001111", "To": "+15550002222"}
+
+    async def webhook(http: aiohttp.ClientSession) -> str:
+        async with http.post(f"{origin}/twilio/twiml", data=call) as r:
+            assert r.status == 200 and r.content_type == "text/xml"
+            return await r.text()
+
+    async def main() -> tuple[str, str, object]:
+        async with aiohttp.ClientSession() as http:
+            twiml = await webhook(http)
+            url = twiml.split('url="')[1].split('"')[0]
+            clip = speech.samples("kittens", rate=8000)
+            async with connect(url) as ws:  # the clip, then the line held while the agent answers
+                log = await TwilioCaller().run(ws, clip, tail_s=12.0)
+            # two more places fill the one replica (max 2): the next call hears busy
+            await webhook(http)
+            await webhook(http)
+            busy = await webhook(http)
+        return url, busy, log
+
+    url, busy, log = asyncio.run(main())
+    netloc = urllib.parse.urlsplit(url).netloc
+    assert url.startswith("ws://127.0.0.1:") and url.endswith("/twilio/media")
+    assert netloc != origin.split("/")[2]  # the replica's own port, not Serve's proxy
+    assert '<Reject reason="busy"' in busy, busy
+    assert log.first_agent_audio_s is not None and len(log.agent_chunks) > 100
+    handle = serve.get_deployment_handle("VoiceReplica", app_name=APP_NAME)
+    give_up = time.monotonic() + 20
+    while True:  # (the call's session closes just after its stream)
+        info = handle.info.remote().result(timeout_s=30)
+        heard = [texts for texts in info["heard"].values() if texts]
+        if heard or time.monotonic() > give_up:
+            break
+        time.sleep(0.2)
+    assert info["twilio"].split("/")[2] == netloc
+    assert len(info["sessions"]) == 1 and len(heard) == 1, info["heard"]
+    heard = heard[0]
+    assert _wer(speech.text("kittens"), " ".join(heard)) <= 0.35, heard

@@ -108,6 +108,10 @@ def test_audio_faster_than_real_time_is_dropped_and_other_calls_keep_their_pace(
             assert call.stats.frames_in <= 100 + 1.25 * 50 * (time.monotonic() - t0) + 5
             assert call.stats.dropped_inbound >= 3000 - call.stats.frames_in - 5
             assert sent_s < 30
+            # /metrics counts them while the call lives
+            dropped = {dict(x.labels)["transport"]: x.value for x in server.metric_samples()
+                       if x.name == "voxline_frames_dropped" and ("direction", "in") in x.labels}
+            assert dropped["websocket"] >= call.stats.dropped_inbound and dropped["webrtc"] == 0
             # the other call is answered as usual
             await other.send_bytes(FRAME * 10)
             events = await _events(other, _has("transcript"))

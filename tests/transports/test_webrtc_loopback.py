@@ -272,6 +272,10 @@ def test_a_webrtc_sender_faster_than_real_time_is_held_to_it(new_session, pool):
         await pc.close()
         await _wait(lambda: not server.calls)
         assert len(pool.free) == 64
+        # /metrics keeps the ended call's drops
+        dropped = {dict(x.labels)["transport"]: x.value for x in server.metric_samples()
+                   if x.name == "voxline_frames_dropped" and ("direction", "in") in x.labels}
+        assert dropped["webrtc"] == call.dropped_inbound > 200
         await server.stop()
 
     asyncio.run(main())

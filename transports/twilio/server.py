@@ -186,6 +186,7 @@ class TwilioServer:
         # would grow without bound); ``ended`` counts every call
         self.reports: deque[TwilioCallReport] = deque(maxlen=REPORTS_KEPT)
         self.ended = 0
+        self.media_dropped = 0  # caller media over the real-time rate, of the ended calls
         self._server: Any = None
         self._tickets: dict[Any, Ticket] = {}  # connection -> its place, from upgrade to close
         self._watchers: set[asyncio.Task[None]] = set()
@@ -208,6 +209,9 @@ class TwilioServer:
                    int(self.admission.draining)),
             *(Sample("voxline_calls_refused", "counter", refused, n, (("reason", reason),))
               for reason, n in self.admission.refused.items()),
+            Sample("voxline_frames_dropped", "counter", "Audio frames dropped, by transport and "
+                   "direction (in: caller media over the real-time rate; counted as calls end).",
+                   self.media_dropped, (("transport", "twilio"), ("direction", "in"))),
         ]
 
     def _room(self) -> str:
@@ -303,6 +307,7 @@ class TwilioServer:
         if report is not None:
             self.reports.append(report)
             self.ended += 1
+            self.media_dropped += report.stats.media_dropped
             if self.on_end is not None:
                 self.on_end(report)
 
