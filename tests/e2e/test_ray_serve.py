@@ -1,8 +1,10 @@
 """End to end on a local Ray cluster (loopback only): ``voxline serve --ray``'s application with
 two voice replicas, real WebSocket calls playing real speech, placed by the ingress and served
-straight by the replicas; then a redeploy down to one replica, which drains each old replica
-while its call goes on (scale-down drains through the same `__del__`; which replica the
-autoscaler stops is its choice, so a test cannot aim a call at it)."""
+straight by the replicas; a redeploy down to one replica, which drains each old replica while
+its call goes on; autoscaling on active calls, up to a second replica and back down with a call
+live (which replica Serve stops is its choice, so the drain with a call live is proved by the
+redeploy, and here that the scale-down cut no call); and a Twilio call placed through the
+webhook, its media stream straight to a replica."""
 
 from __future__ import annotations
 
@@ -338,3 +340,77 @@ def test_a_twilio_call_is_placed_by_the_webhook_and_streams_straight_to_a_replic
     assert len(info["sessions"]) == 1 and len(heard) == 1, info["heard"]
     heard = heard[0]
     assert _wer(speech.text("kittens"), " ".join(heard)) <= 0.35, heard
+
+
+def _running(serve) -> dict:  # noqa: ANN001
+    status = serve.status().applications[APP_NAME].deployments["VoiceReplica"]
+    return dict(status.replica_states)
+
+
+def test_replicas_autoscale_on_active_calls_and_scale_down_cuts_no_call(cluster):
+    """One replica to start; a second call on the way (active calls 2, one call per replica
+    wanted) brings a second replica; once the calls are over the application scales back to
+    one, and the call live while it does goes on to its normal end."""
+    import aiohttp
+    from ray import serve
+
+    origin = cluster["origin"]
+    options = dataclasses.replace(
+        cluster["options"], replicas=0, min_replicas=1, max_replicas=2, calls_per_replica=1.0,
+        upscale_delay_s=1.0, downscale_delay_s=3.0, hold_s=15.0)
+    serve.run(voice_app(options), name=APP_NAME, route_prefix="/")
+    give_up = time.monotonic() + 60
+    while _running(serve) != {"RUNNING": 1} and time.monotonic() < give_up:
+        time.sleep(0.2)
+    assert _running(serve) == {"RUNNING": 1}
+
+    async def wait_for(replicas: int, seconds: float) -> float:
+        t0 = time.monotonic()
+        while _running(serve) != {"RUNNING": replicas}:
+            assert time.monotonic() - t0 < seconds, _running(serve)
+            await asyncio.sleep(0.2)
+        return time.monotonic() - t0
+
+    async def main() -> tuple[Call, Call, float, float]:
+        async with aiohttp.ClientSession() as http:
+            status, placed = await place(http, origin)
+            assert status == 200
+            first = Call(placed)
+            first_task = asyncio.create_task(run_call(http, first, origin, ["kittens"]))
+            status, _ = await place(http, origin)  # a second call on its way: 2 active
+            assert status == 200
+            up_s = await wait_for(2, 90)
+            status, placed = await place(http, origin)
+            assert status == 200
+            second = Call(placed)
+            second_task = asyncio.create_task(run_call(http, second, origin, ["honest"]))
+            while not (first.finals and second.finals):
+                assert not any(t.done() and t.exception() for t in (first_task, second_task))
+                await asyncio.sleep(0.2)
+            first.hung_up.set()
+            await first_task
+            # one call left, the reservation lapses: down to one replica, the call goes on
+            t0 = time.monotonic()
+            while _running(serve).get("RUNNING") == 2 and time.monotonic() - t0 < 90:
+                if len(second.finals) < 3 and not second.more:
+                    second.more.append("quilter")  # the caller keeps talking meanwhile
+                await asyncio.sleep(0.2)
+            down_s = time.monotonic() - t0
+            await _say_more(second, "wizard")  # and after it
+            second.hung_up.set()
+            await second_task
+            await wait_for(1, 60)
+            return first, second, up_s, down_s
+
+    first, second, up_s, down_s = asyncio.run(main())
+    assert down_s < 90, "never scaled down"
+    for c in (first, second):
+        assert c.closed_by_server is None, (c.closed_by_server, c.events[-3:])
+        assert not any(e["type"] == "error" and e.get("fatal") for e in c.events)
+    assert _wer(speech.text("honest"), second.finals[0]) <= 0.35, second.finals
+    assert _wer(speech.text("wizard"), second.finals[-1]) <= 0.35, second.finals
+    handle = serve.get_deployment_handle("VoiceReplica", app_name=APP_NAME)
+    kept = handle.info.remote().result(timeout_s=30)["replica"]
+    which = ("the call's own replica: it drained with the call live" if kept != second.replica
+             else "the other replica")
+    print(f"scaled up in {up_s:.1f} s, down in {down_s:.1f} s; Serve stopped {which}")
