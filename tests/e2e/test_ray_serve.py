@@ -414,3 +414,54 @@ def test_replicas_autoscale_on_active_calls_and_scale_down_cuts_no_call(cluster)
     which = ("the call's own replica: it drained with the call live" if kept != second.replica
              else "the other replica")
     print(f"scaled up in {up_s:.1f} s, down in {down_s:.1f} s; Serve stopped {which}")
+
+
+def test_the_ingress_page_places_browser_calls_over_websocket_and_webrtc(cluster, tmp_path):
+    """Headless Chromium opens the page the ingress serves, presses Call: the page asks for a
+    place and calls the replica straight, over WebSocket and then over WebRTC (its offer a
+    cross-origin POST to the replica's port); the caller's clip is heard there."""
+    from ray import serve
+    from test_browser_call import CHROMIUM, _require_browser, chromium_flags, write_mic
+
+    _require_browser()
+    from playwright.async_api import async_playwright
+
+    serve.run(voice_app(cluster["options"], 1), name=APP_NAME, route_prefix="/")  # a fresh one
+    origin = cluster["origin"]
+    mic = write_mic(tmp_path / "mic.wav", 1.0, speech.load("kittens"), 30.0)
+
+    async def main() -> dict[str, dict]:
+        got = {}
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                              args=chromium_flags(mic))
+            try:
+                for transport in ("ws", "webrtc"):
+                    page = await browser.new_page()
+                    errors: list[str] = []
+                    page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+                    await page.goto(f"{origin}/")
+                    await page.check(f"input[name=transport][value={transport}]")
+                    await page.click("#call")
+                    await page.wait_for_function("window.voxline.finals.length > 0",
+                                                 timeout=90_000, polling=100)
+                    await page.click("#call")  # hang up
+                    await page.wait_for_function("window.voxline.status === 'ended'",
+                                                 timeout=10_000)
+                    got[transport] = {"state": await page.evaluate(
+                        "JSON.parse(JSON.stringify(window.voxline))"), "errors": errors}
+                    await page.close()
+            finally:
+                await browser.close()
+        return got
+
+    got = asyncio.run(main())
+    handle = serve.get_deployment_handle("VoiceReplica", app_name=APP_NAME)
+    info = handle.info.remote().result(timeout_s=30)
+    for transport, page in got.items():
+        state = page["state"]
+        assert not page["errors"], (transport, page["errors"])
+        assert state["replica"] == info["replica"], transport  # placed, then called straight
+        assert state["session"] in info["sessions"], transport
+        heard = " ".join(f["text"] if isinstance(f, dict) else f for f in state["finals"])
+        assert _wer(speech.text("kittens"), heard) <= 0.35, (transport, heard)
