@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -30,6 +31,12 @@ from agent.frames import (
 from agent.trace import Trace
 
 
+class PlayedSink(Protocol):
+    def played(self, pcm: np.ndarray | None, samples: int) -> None:
+        """``samples`` of agent audio handed to the transport (None: as long a silence)."""
+        ...
+
+
 class Playout:
     """Agent audio waiting to be sent, in 16 kHz int16; ``pull`` hands out fixed-size frames.
 
@@ -37,7 +44,8 @@ class Playout:
     runs far ahead of real time must not grow memory without bound).
 
     ``echo``, a server-side echo canceller, hears every pull as the caller's line played it:
-    the frame, or as long a silence when there was none (quiet, paused or flushed).
+    the frame, or as long a silence when there was none (quiet, paused or flushed); so does
+    ``recorder`` (:class:`agent.recording.CallRecorder`), for the agent's side of the recording.
     """
 
     def __init__(
@@ -47,9 +55,12 @@ class Playout:
         frame_samples: int = FRAME_SAMPLES,
         max_seconds: float = 120.0,
         echo: EchoCanceller | None = None,
+        recorder: PlayedSink | None = None,
     ) -> None:
         self._upstream = upstream
         self.echo = echo
+        # who hears each pull (the echo guard's reference, the recording's agent channel)
+        self._played = tuple(x for x in (echo, recorder) if x is not None)
         self.trace = trace
         self.frame_samples = frame_samples
         self._chunks: deque[np.ndarray] = deque()
@@ -168,14 +179,14 @@ class Playout:
             self.speaking = True
             self._upstream(BotStartedSpeaking())
         self.frames_out += 1
-        if self.echo is not None:
-            self.echo.played(out, n)
+        for sink in self._played:
+            sink.played(out, n)
         return out
 
     def _nothing(self, out: np.ndarray | None) -> None:
         """No agent audio for this pull: the echo reference gets as long a silence."""
-        if self.echo is not None:
-            self.echo.played(None, self.frame_samples if out is None else len(out))
+        for sink in self._played:
+            sink.played(None, self.frame_samples if out is None else len(out))
 
     def sent(self, t_ns: int | None = None) -> None:
         """The transport has put the last pulled frame on the wire."""

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agent.config import TURN_MODES, Config
@@ -92,15 +93,34 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     return Models(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn)
 
 
-def new_session(cfg: Config, models: Models, telephony: bool = False) -> Any:
+def new_session(cfg: Config, models: Models, telephony: bool = False, record_dir: str = "") -> Any:
     """One call: a fresh pipeline over the shared models and its trace (the LLM stage speaks
     the greeting), with its own echo guard where ``[echo]`` puts one (``telephony``: a SIP or
-    Twilio call)."""
-    from agent.session import Session
+    Twilio call). ``record_dir``: the call is recorded there as it goes — ``<session>.wav``
+    (stereo: caller left, agent right) and ``<session>.jsonl`` (its trace)."""
+    from agent.session import Session, new_session_id
     from agent.trace import Trace
 
-    trace = Trace(cfg.trace.budgets, path=cfg.trace.path or None)
-    return Session(build_pipeline(cfg, models), trace, echo=new_echo_guard(cfg, telephony))
+    sid = new_session_id()
+    recorder = None
+    path = cfg.trace.path or None
+    if record_dir:
+        from agent.recording import CallRecorder
+
+        recorder = CallRecorder(Path(record_dir) / f"{sid}.wav")
+        path = Path(record_dir) / f"{sid}.jsonl"
+    trace = Trace(cfg.trace.budgets, path=path, session_id=sid)
+    return Session(build_pipeline(cfg, models), trace, session_id=sid,
+                   echo=new_echo_guard(cfg, telephony), recorder=recorder)
+
+
+def check_record_dir(path: str) -> None:
+    """``--record DIR``: a directory this process can write, checked before any model loads."""
+    import os
+
+    if path and not (Path(path).is_dir() and os.access(path, os.W_OK)):
+        raise ConfigError(f"--record: {path} is not a directory this process can write "
+                          "(create it first)")
 
 
 def new_echo_guard(cfg: Config, telephony: bool) -> Any:

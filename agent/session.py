@@ -39,6 +39,7 @@ from agent.frames import (
 )
 from agent.pipeline import Pipeline
 from agent.playout import Playout
+from agent.recording import CallRecorder
 from agent.stage import StageContext
 from agent.trace import Trace
 
@@ -64,6 +65,7 @@ class Session:
         trace: Trace | None = None,
         session_id: str | None = None,
         echo: EchoCanceller | None = None,
+        recorder: CallRecorder | None = None,
     ) -> None:
         self.id = session_id or new_session_id()
         self.pipeline = pipeline
@@ -72,7 +74,10 @@ class Session:
         self.ctx = StageContext(self.trace, self.id)
         # a server-side echo canceller hears the playout and cleans the caller's audio
         self.echo = echo
-        self.playout = Playout(self.pipeline.inject_upstream, self.trace, echo=echo)
+        # the call as a stereo WAV, written as it goes (``--record``)
+        self.recorder = recorder
+        self.playout = Playout(self.pipeline.inject_upstream, self.trace, echo=echo,
+                               recorder=recorder)
         self.offset = 0  # media samples received so far
         self.started_ns = 0
         self.closed = False
@@ -147,6 +152,8 @@ class Session:
         """Caller audio (int16 mono 16 kHz) into the pipeline, stamped with its arrival time."""
         if self.closed:
             return
+        if self.recorder is not None:
+            self.recorder.caller(pcm)  # (what the caller sent, before any echo is taken out)
         if self.echo is not None:
             pcm = self.echo.process(pcm)  # as many samples, the agent's echo taken out
         frame = AudioIn(pcm, offset=self.offset, t_ns=t_ns or time.monotonic_ns())
@@ -177,6 +184,8 @@ class Session:
         finally:
             await self.ctx.cancel_all()
             self.summary = self.trace.close(reason)
+            if self.recorder is not None:
+                self.recorder.close()
             if self.started_ns:
                 observe.call_ended(self, self.summary)
         return self.summary

@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the Twilio account's auth token (better: $TWILIO_AUTH_TOKEN), to check "
                         "Twilio's X-Twilio-Signature on the TwiML and the media stream; required "
                         "with --twilio off loopback or with --public-url")
+    p.add_argument("--record", metavar="DIR", default="",
+                   help="record every call in DIR as it goes: <session>.wav (stereo: caller "
+                        "left, agent right, as heard) and <session>.jsonl (its trace)")
     add_ops_flags(p)
     ray = p.add_argument_group("scale-out on Ray Serve (voxline[ray])")
     ray.add_argument("--ray", action="store_true",
@@ -76,9 +79,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from agent import runtime
+    from agent.presets import check_record_dir
 
     cfg = config_from_args(args)
     check_ops_flags(args)
+    check_record_dir(args.record)
     if args.ray:
         from agent.commands.ray_serve import serve_main
 
@@ -97,7 +102,7 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
 
     def new_session(telephony: bool = False) -> Session:
         # (models are loaded before the server listens); [echo] auto guards Twilio calls only
-        return presets.new_session(cfg, models, telephony)
+        return presets.new_session(cfg, models, telephony, record_dir=args.record)
 
     # the server and its routes first: a refused configuration fails before the models load
     server = VoiceServer(new_session, host=args.host, port=args.port, token=args.token,

@@ -81,6 +81,9 @@ def _add_call_output_flags(p: argparse.ArgumentParser, func: object) -> None:
     """What both telephony commands share: --json, --trace, the config flags, the entry point."""
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument("--trace", metavar="TRACE.jsonl", help="latency trace to write (JSON lines)")
+    p.add_argument("--record", metavar="DIR", default="",
+                   help="record every call in DIR as it goes: <session>.wav (stereo: caller "
+                        "left, agent right, as heard) and <session>.jsonl (its trace)")
     add_config_flags(p)
     p.set_defaults(func=func)
 
@@ -156,15 +159,18 @@ class CallPrinter:
                   flush=True)
 
 
-def session_factory(cfg: Config, models: Any, printer: CallPrinter | None = None) -> Any:
-    """One fresh pipeline and session per call, sharing the loaded models."""
+def session_factory(cfg: Config, models: Any, printer: CallPrinter | None = None,
+                    record_dir: str = "") -> Any:
+    """One fresh pipeline and session per call, sharing the loaded models (recorded into
+    ``record_dir`` when one is given)."""
     from agent.events import EVENT_FRAMES, frame_event, trace_event
     from agent.frames import Dtmf
     from agent.presets import new_session
     from agent.session import Session
 
     def make(*_: Any) -> Session:
-        session = new_session(cfg, models, telephony=True)  # [echo] auto: guarded
+        session = new_session(cfg, models, telephony=True,  # [echo] auto: guarded
+                              record_dir=record_dir)
         trace = session.trace
         if printer is not None:
             def on_frame(frame: Any) -> None:
@@ -193,9 +199,11 @@ def _load(cfg: Config) -> Any:
 
 def _launch(serve: Any, args: argparse.Namespace) -> int:
     from agent import runtime
+    from agent.presets import check_record_dir
 
     cfg = config_from_args(args)
     check_ops_flags(args)
+    check_record_dir(args.record)
     if args.trace:
         cfg.trace.path = args.trace
     return runtime.run(serve(args, cfg), cfg.runtime)
@@ -223,7 +231,7 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
     models = _load(cfg)
     keep_heap_trimmed(cfg.runtime)
     server = SipServer(
-        session_factory(cfg, models, printer), host=args.host, port=args.port,
+        session_factory(cfg, models, printer, args.record), host=args.host, port=args.port,
         rtp_ports=rtp_ports, media_address=args.media_address, max_calls=args.max_calls,
         on_call=lambda c: printer.emit(c.session.id, {"type": "call", "state": "ringing",
                                                       "sip_call_id": c.call_id}),
@@ -283,7 +291,7 @@ async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
     models = _load(cfg)
     keep_heap_trimmed(cfg.runtime)
     server = TwilioServer(
-        session_factory(cfg, models, printer), host=args.host, port=args.port,
+        session_factory(cfg, models, printer, args.record), host=args.host, port=args.port,
         public_url=args.public_url, twilio_auth_token=args.twilio_auth_token,
         max_calls=args.max_calls,
         on_end=lambda r: printer.emit(r.summary.get("session", r.stream_sid), {

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import wave
 
 import aiohttp
 import numpy as np
@@ -66,7 +67,7 @@ async def _call(base: str) -> tuple[list[dict], dict, dict]:
     return events, during, after
 
 
-def test_a_real_call_shows_in_metrics_and_in_otlp_spans():
+def test_a_real_call_shows_in_metrics_and_in_otlp_spans(tmp_path):
     pytest.importorskip("opentelemetry.sdk.trace")
     receiver = Receiver(pytest.importorskip(
         "opentelemetry.proto.collector.trace.v1.trace_service_pb2"))
@@ -76,7 +77,7 @@ def test_a_real_call_shows_in_metrics_and_in_otlp_spans():
                OTEL_BSP_SCHEDULE_DELAY="200", NO_PROXY="127.0.0.1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--tts-backend",
-         "espeak"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+         "espeak", "--record", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -125,3 +126,18 @@ def test_a_real_call_shows_in_metrics_and_in_otlp_spans():
         assert s.trace_id == call.trace_id
     assert call.start_time_unix_nano <= answered[0].start_time_unix_nano
     assert answered[0].end_time_unix_nano <= call.end_time_unix_nano
+
+    # --record: the call as a stereo WAV (the caller's clip left, the agent's voice right) and
+    # its trace, under the session's id
+    session = attrs(call)["session.id"]
+    with wave.open(str(tmp_path / f"{session}.wav"), "rb") as w:
+        assert (w.getnchannels(), w.getframerate()) == (2, 16000)
+        stereo = np.frombuffer(w.readframes(w.getnframes()), "<i2").reshape(-1, 2)
+    clip = speech.load("kittens")
+    assert len(stereo) >= len(clip)
+    caller, agent = stereo[:, 0], stereo[:, 1]
+    assert np.abs(caller).max() == np.abs(clip).max()  # the clip, as it was sent
+    assert np.abs(agent).max() > 2000  # the agent spoke (greeting, answer)
+    lines = [json.loads(x) for x in (tmp_path / f"{session}.jsonl").read_text().splitlines()]
+    assert any(x["type"] == "turn" and x["complete"] for x in lines)
+    assert lines[-1]["type"] == "session" and lines[-1]["session"] == session

@@ -14,9 +14,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from speak_back import speak_back_session  # noqa: E402
+from speak_back import SpeakBack  # noqa: E402
 
 from agent import cli, presets  # noqa: E402
+from agent.pipeline import Pipeline  # noqa: E402
 from stages.asr.slots import SlotPool  # noqa: E402
 
 
@@ -26,7 +27,9 @@ def load_models(cfg: Any, *args: Any, **kw: Any) -> Any:
 
 
 presets.load_models = load_models
-presets.new_session = lambda cfg, models, telephony=False: speak_back_session()
+# the real per-call set-up (agent.presets.new_session: the trace, --record), this agent's pipeline
+presets.build_pipeline = lambda cfg, models: Pipeline([SpeakBack()])
+presets.new_echo_guard = lambda cfg, telephony: None
 
 if __name__ == "__main__":
     sys.exit(cli.main(sys.argv[1:]))

@@ -17,11 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from types import SimpleNamespace
 
-from agent import cli  # noqa: E402
+from agent import cli, presets  # noqa: E402
 from agent.commands import telephony  # noqa: E402
 from agent.frames import AudioIn, Direction, TTSAudio  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402
-from agent.session import Session  # noqa: E402
 from agent.stage import Stage  # noqa: E402
 from stages.asr.slots import SlotPool
 
@@ -41,18 +40,14 @@ class SpeakBackSlowStop(Stage):
         await asyncio.sleep(SLOW_STOP_S)
 
 
-def session_factory(cfg: Any, models: Any, printer: Any = None) -> Any:
-    def make(*_: Any) -> Session:
-        return Session(Pipeline([SpeakBackSlowStop()]))
-
-    return make
-
-
 # no models to load; a real slot pool stands for the ASR engine's in the stats line (and its
 # readiness check), with no engine samples for /metrics
 telephony._load = lambda cfg: SimpleNamespace(
     asr=SimpleNamespace(pool=SlotPool(4, 1.0), metric_samples=lambda: []))
-telephony.session_factory = session_factory
+# the real per-call set-up (session_factory, agent.presets.new_session: the printer, the trace,
+# --record) around this agent's pipeline
+presets.build_pipeline = lambda cfg, models: Pipeline([SpeakBackSlowStop()])
+presets.new_echo_guard = lambda cfg, telephony: None
 
 if __name__ == "__main__":
     sys.exit(cli.main(sys.argv[1:]))

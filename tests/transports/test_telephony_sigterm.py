@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -107,10 +108,11 @@ async def _rtp_after(sock: socket.socket, loop: asyncio.AbstractEventLoop) -> in
     return n
 
 
-def test_sip_sigterm_drains_then_ends_the_live_call_with_a_bye_and_exits_0() -> None:
+def test_sip_sigterm_drains_then_ends_the_live_call_with_a_bye_and_exits_0(tmp_path) -> None:
     port = free_port(socket.SOCK_DGRAM)
     vox = Voxline("sip", "--port", str(port), "--rtp-ports", "47000-47998", "--json",
-                  "--drain-timeout", str(SIP_DRAIN_S), "--metrics-port", "0")
+                  "--drain-timeout", str(SIP_DRAIN_S), "--metrics-port", "0",
+                  "--record", str(tmp_path))
     try:
         vox.wait_for_stderr("listening on udp")
         vox.wait_for_stderr("metrics on")
@@ -128,6 +130,13 @@ def test_sip_sigterm_drains_then_ends_the_live_call_with_a_bye_and_exits_0() -> 
     assert len(ended) == 1 and ended[0]["reason"] == "shutdown", vox.log()
     assert ended[0]["rtp_dropped"] == {"foreign": 0, "stray_ssrc": 0}
     assert any("stopped after 1 call(s)" in line for line in vox.err_lines), vox.log()
+    # --record: the call, both sides (the caller's tone, the agent saying it back), and its trace
+    (recording,) = tmp_path.glob("call-*.wav")
+    with wave.open(str(recording), "rb") as w:
+        assert (w.getnchannels(), w.getframerate()) == (2, 16000)
+        stereo = np.frombuffer(w.readframes(w.getnframes()), "<i2").reshape(-1, 2)
+    assert len(stereo) > 16000 and np.abs(stereo).max(axis=0).min() > 3000
+    assert recording.with_suffix(".jsonl").exists()
 
 
 async def _sip_call_then_sigterm(port: int, vox: Voxline, metrics_url: str) -> None:
