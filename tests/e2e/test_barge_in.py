@@ -118,6 +118,6 @@ def test_a_wordless_sound_over_the_agent_pauses_it_and_it_resumes(models, name: 
     spoken = int((agent > 0).sum())
     full = int((np.abs(plain.agent.astype(np.int32)) > 0).sum())
     # nothing lost or repeated: as much greeting as a call without the sound (Piper samples its
-    # phoneme durations, so two syntheses of one text differ by a few per cent; a flushed
-    # queue would lose most of it)
-    assert abs(spoken - full) < 0.05 * full, (spoken, full)
+    # phoneme durations, so two syntheses of one text differ by a few per cent — 5.3% seen in
+    # one full-suite run; a flushed queue would lose most of it, a repeat add as much again)
+    assert abs(spoken - full) < 0.15 * full, (spoken, full)
