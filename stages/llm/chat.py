@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from agent.tools import ToolCall
+
+INTERRUPTED_MARK = "…"
 
 
 @dataclass(slots=True, frozen=True)
@@ -15,9 +19,11 @@ class LLMCapabilities:
     ``prefill``: it can evaluate a prompt ahead of the request that will send it (a local
     model's KV cache), so the LLM stage calls :meth:`ChatLLM.prefill` while the end of the
     caller's speech is being confirmed.
+    ``tools``: :meth:`ChatLLM.stream` takes ``tools`` and ``tool_choice`` and yields the calls.
     """
 
     prefill: bool = False
+    tools: bool = False
 
 
 class ChatLLM(Protocol):
@@ -30,7 +36,15 @@ class ChatLLM(Protocol):
     @property
     def capabilities(self) -> LLMCapabilities: ...
 
-    def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]: ...
+    def stream(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncGenerator[str | list[ToolCall], None]:
+        """Text deltas; with ``tools`` (only when ``capabilities.tools``), then one
+        ``list[ToolCall]`` at the end of a reply that called tools. ``tool_choice``: None
+        (the model decides), ``"none"``, ``"required"``, or ``{"type": "function",
+        "function": {"name": ...}}`` (that tool must be called)."""
+        ...
 
     def prefill(self, messages: list[dict[str, str]]) -> asyncio.Future[None]:
         """Evaluate the prompt for ``messages`` now, so that a request starting with them later
@@ -45,9 +59,13 @@ class ChatLLM(Protocol):
 
 @dataclass(slots=True, frozen=True)
 class Message:
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     content: str
-    truncated: bool = False  # an assistant reply cut short by a barge-in
+    truncated: bool = False  # an assistant reply cut short by a barge-in (or a failure)
+    # an assistant message that called tools: the calls, as the request sends them
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str = ""  # a tool message: the call it answers, and the tool's name
+    name: str = ""
 
 
 class ChatHistory:
@@ -69,9 +87,16 @@ class ChatHistory:
     question and a full reply. The system prompt is ~30, so 16 earlier turns, the current one
     and its reply come to ~1,200 tokens typically and ~1,700 at worst: inside 2048. The block
     drop happens once every 9 turns; ``keep_turns == max_turns`` is the old one-turn slide.
+
+    An assistant message cut by a barge-in holds what the caller heard of it (see
+    :meth:`revise`) and is sent with ``interrupted_mark`` after it; one cut before its first
+    word is sent as the mark alone, so the model sees that it was interrupted and the turns
+    still alternate.
     """
 
-    def __init__(self, system_prompt: str, max_turns: int, keep_turns: int | None = None) -> None:
+    def __init__(self, system_prompt: str, max_turns: int, keep_turns: int | None = None,
+                 interrupted_mark: str = INTERRUPTED_MARK) -> None:
+        self.interrupted_mark = interrupted_mark
         self.system_prompt = system_prompt
         self.max_turns = max(0, max_turns)
         keep = self.max_turns // 2 if keep_turns is None else keep_turns
@@ -82,12 +107,29 @@ class ChatHistory:
         self.entries.append(Message("user", text))
         self._trim(current=True)
 
-    def add_assistant(self, text: str, truncated: bool = False) -> None:
-        self.entries.append(Message("assistant", text, truncated))
+    def add_assistant(self, text: str, truncated: bool = False,
+                      tool_calls: tuple[dict[str, Any], ...] = ()) -> Message:
+        message = Message("assistant", text, truncated, tool_calls)
+        self.entries.append(message)
         # Trimmed already here, not only when the next turn begins: a prefill or speculative
         # request for that turn (history + the caller's words so far) then sends the same
         # beginning as the turn's real request.
         self._trim(current=False)
+        return message
+
+    def add_tool_result(self, call_id: str, name: str, content: str) -> Message:
+        message = Message("tool", content, tool_call_id=call_id, name=name)
+        self.entries.append(message)
+        return message
+
+    def revise(self, message: Message, content: str, truncated: bool = True) -> Message | None:
+        """Replace ``message``'s content where it stands (what the caller heard of a reply, a
+        tool's late result); None when the message is no longer in the history."""
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i] is message:
+                self.entries[i] = replace(message, content=content, truncated=truncated)
+                return self.entries[i]
+        return None
 
     def discard_turn(self) -> None:
         """Forget the last user message and what followed it."""
@@ -96,16 +138,25 @@ class ChatHistory:
                 del self.entries[i:]
                 return
 
-    def messages(self) -> list[dict[str, str]]:
-        """The request payload. Empty assistant messages (a reply interrupted before its first
-        word) are left out; the truncation flag stays here, since strict servers reject
-        unknown message fields."""
-        out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        out.extend(
-            {"role": m.role, "content": m.content}
-            for m in self.entries
-            if m.content or m.role != "assistant"
-        )
+    def messages(self) -> list[dict[str, Any]]:
+        """The request payload. An interrupted reply carries ``interrupted_mark``; an empty
+        assistant message that was not interrupted (nothing was said) is left out. Flags stay
+        here: strict servers reject unknown message fields."""
+        out: list[dict[str, Any]] = (
+            [{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        mark = self.interrupted_mark
+        for m in self.entries:
+            if m.role == "tool":
+                out.append({"role": "tool", "tool_call_id": m.tool_call_id, "name": m.name,
+                            "content": m.content})
+                continue
+            content = m.content
+            if m.role == "assistant" and m.truncated and mark:
+                content = f"{content}{mark}" if content else mark
+            if m.tool_calls:
+                out.append({"role": "assistant", "content": content, "tool_calls": list(m.tool_calls)})
+            elif content or m.role != "assistant":
+                out.append({"role": m.role, "content": content})
         return out
 
     def _trim(self, current: bool) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.config import LLMConfig
 from agent.errors import require
+from agent.tools import ToolCall
 from stages.faults import LLM_BAD_RESPONSE, LLM_TIMEOUT, LLM_UNAVAILABLE, StageFault
 from stages.llm.chat import LLMCapabilities
 from stages.llm.sse import MAX_SIZE, SSEParser, SSEProtocolError
@@ -99,7 +100,9 @@ class OpenAILLM:
     """
 
     # The server owns the model and its prompt cache; nothing to evaluate ahead from here.
-    capabilities = LLMCapabilities(prefill=False)
+    # Tools are sent as OpenAI's ``tools``; whether the model calls them is the server's affair
+    # (vLLM with --enable-auto-tool-choice, llama.cpp's llama-server --jinja, hosted APIs).
+    capabilities = LLMCapabilities(prefill=False, tools=True)
 
     def __init__(
         self,
@@ -138,7 +141,16 @@ class OpenAILLM:
         done.set_result(None)
         return done
 
-    async def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]:
+    async def stream(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncGenerator[str | list[ToolCall], None]:
+        """The reply's text deltas; with ``tools`` (OpenAI tool specs, and ``tool_choice``
+        when given), then one ``list[ToolCall]`` at the end of a reply that called tools.
+        Tool-call fragments count as activity for the deadlines; a reply of calls alone is
+        a reply."""
         httpx = self._httpx
         body: dict[str, Any] = {
             "messages": messages,
@@ -148,6 +160,13 @@ class OpenAILLM:
         }
         if self.cfg.model:
             body["model"] = self.cfg.model
+        calls = None
+        found: list[ToolCall] = []
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+            calls = ToolCallAssembler(self.url)
         loop = asyncio.get_running_loop()
         d = self.deadlines
         start = loop.time()
@@ -167,8 +186,9 @@ class OpenAILLM:
                     raise self._timeout(d.first_token_s, "for its first token") from None
                 parser = SSEParser(self.max_event_size)
                 chunks = await stack.enter_async_context(aclosing(response.aiter_bytes()))
-                said = False  # any text yet
+                said = False  # any text (or tool-call fragment) yet
                 heard = start  # when the wait for the next text began
+                done = False  # the server's [DONE]
                 while True:
                     deadline = min(end, heard + d.idle_s) if said else first
                     try:
@@ -182,15 +202,25 @@ class OpenAILLM:
                         raise self._timeout(d.first_token_s, "for its first token") from None
                     for event in parser.feed(chunk) if chunk is not None else parser.close():
                         if event.data.strip() == "[DONE]":
-                            return
-                        text = self._delta(event.data)
+                            done = True
+                            break
+                        if calls is None:
+                            text = self._delta(event.data)
+                        else:
+                            choice = self._choice(event.data)
+                            text = _content(choice)
+                            if choice is not None and calls.feed(choice):
+                                said = True
+                                heard = loop.time()
                         if text:
                             said = True
                             yield text
                             heard = loop.time()  # the consumer's own pauses do not count
-                    if chunk is None:
+                    if done or chunk is None:
                         break
-                if not said:
+                if calls is not None and calls:
+                    found = calls.finish()
+                elif not said and not done:
                     # A 200 that ended with nothing to say: an HTML page, a proxy's banner.
                     raise LLMProtocolError(self.url, 200, "the stream ended without a reply")
         except SSEProtocolError as exc:
@@ -206,6 +236,8 @@ class OpenAILLM:
             raise LLMConnectionError(
                 f"talking to the LLM server at {self.url} failed: {exc!r}"
             ) from None
+        if found:
+            yield found  # the response is closed: the tools may take their time
 
     async def _open(self, stack: AsyncExitStack, body: dict[str, Any], deadline: float) -> Any:
         """The response's headers, the connection tried once more if it was refused and
@@ -252,6 +284,10 @@ class OpenAILLM:
         )
 
     def _delta(self, data: str) -> str:
+        return _content(self._choice(data))
+
+    def _choice(self, data: str) -> dict[str, Any] | None:
+        """The event's first choice (None for an event without one)."""
         try:
             obj = json.loads(data)
         except (json.JSONDecodeError, RecursionError):
@@ -259,19 +295,95 @@ class OpenAILLM:
                 self.url, 200, f"not a JSON stream event: {data[:200]!r}"
             ) from None
         if not isinstance(obj, dict):
-            return ""
+            return None
         if "error" in obj:
             raise LLMServerError(self.url, 200, _error_text(obj))
         choices = obj.get("choices") or ()
         if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-            return ""  # e.g. a trailing usage-only chunk
-        delta = choices[0].get("delta") or {}
-        content = delta.get("content") if isinstance(delta, dict) else None
-        return content if isinstance(content, str) else ""
+            return None  # e.g. a trailing usage-only chunk
+        return choices[0]
 
     async def aclose(self) -> None:
         await asyncio.gather(*self._orphans, return_exceptions=True)
         await self._client.aclose()
+
+
+def _content(choice: dict[str, Any] | None) -> str:
+    if choice is None:
+        return ""
+    delta = choice.get("delta") or {}
+    content = delta.get("content") if isinstance(delta, dict) else None
+    return content if isinstance(content, str) else ""
+
+
+class ToolCallAssembler:
+    """Tool calls put together from a stream's chunks (sans-I/O).
+
+    OpenAI sends each call's ``id`` and ``name`` in its first ``delta.tool_calls`` fragment and
+    its ``function.arguments`` in pieces, calls told apart by ``index``. Servers differ: some
+    send a whole call in one delta, llama.cpp's server repeats ``id`` and the whole ``name``
+    in every fragment, some leave ``index`` out (the list position stands in), some put the
+    calls in a final ``message`` rather than deltas (that message's calls replace what the
+    deltas built). Whatever ``finish_reason`` says ("tool_calls", or "stop" from some
+    servers), the calls assembled are the step's calls. Arguments are kept as the model
+    wrote them, valid JSON or not: the tool runner tells the model what was wrong.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def feed(self, choice: dict[str, Any]) -> bool:
+        """Take a chunk's first choice; True when it carried tool-call fragments."""
+        fed = False
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and delta.get("tool_calls"):
+            self._take(delta["tool_calls"], whole=False)
+            fed = True
+        message = choice.get("message")
+        if isinstance(message, dict) and message.get("tool_calls"):
+            self._take(message["tool_calls"], whole=True)
+            fed = True
+        return fed
+
+    def _take(self, parts: Any, whole: bool) -> None:
+        if not isinstance(parts, list):
+            raise self._bad(f"tool_calls is not a list: {parts!r:.200}")
+        for position, part in enumerate(parts):
+            if not isinstance(part, dict):
+                raise self._bad(f"a tool call is not an object: {part!r:.200}")
+            index = part.get("index", position)
+            fn = part.get("function") or {}
+            if not isinstance(index, int) or not isinstance(fn, dict):
+                raise self._bad(f"a tool call that cannot be read: {part!r:.200}")
+            call = self._calls.setdefault(index, ["", "", ""])
+            if whole:
+                call[:] = ["", "", ""]
+            cid, name, args = part.get("id"), fn.get("name"), fn.get("arguments")
+            if isinstance(cid, str) and cid and not call[0]:
+                call[0] = cid
+            if isinstance(name, str) and name and name != call[1]:
+                call[1] = name if not call[1] else call[1] + name
+            if isinstance(args, dict):  # an object rather than its JSON text
+                call[2] = json.dumps(args, ensure_ascii=False)
+            elif isinstance(args, str):
+                call[2] += args
+
+    def finish(self) -> list[ToolCall]:
+        """The calls, in index order; ids made up where the server sent none."""
+        out = []
+        for n, index in enumerate(sorted(self._calls)):
+            cid, name, args = self._calls[index]
+            if not name:
+                raise self._bad(f"tool call {index} has no function name")
+            out.append(ToolCall(cid or f"call_{n}", name, args))
+        return out
+
+    def _bad(self, what: str) -> LLMProtocolError:
+        return LLMProtocolError(self.url, 200, what)
 
 
 async def _read_some(chunks: AsyncIterator[bytes], limit: int) -> bytes:

@@ -82,22 +82,47 @@ def test_zero_turns_keeps_only_the_current_question() -> None:
     assert [m["content"] for m in h.messages()] == ["S", "new"]
 
 
-def test_truncated_replies_are_flagged_and_empty_ones_left_out_of_requests() -> None:
+def test_interrupted_replies_carry_the_mark_and_an_unheard_one_is_the_mark_alone() -> None:
     h = ChatHistory("S", 6)
     h.add_user("Tell me a story")
     h.add_assistant("Once upon", truncated=True)
     h.add_user("Stop")
-    h.add_assistant("", truncated=True)
+    h.add_assistant("", truncated=True)  # cut before its first word: the turns still alternate
     h.add_user("Hello?")
-    assert [e.truncated for e in h.entries] == [False, True, False, True, False]
+    h.add_assistant("")  # nothing said, nothing cut: left out
+    h.add_user("Anyone?")
+    assert [e.truncated for e in h.entries] == [False, True, False, True, False, False, False]
     assert [m["content"] for m in h.messages()] == [
-        "S",
-        "Tell me a story",
-        "Once upon",
-        "Stop",
-        "Hello?",
+        "S", "Tell me a story", "Once upon…", "Stop", "…", "Hello?", "Anyone?",
     ]
     assert all(set(m) == {"role", "content"} for m in h.messages())
+    plain = ChatHistory("S", 6, interrupted_mark="")
+    plain.add_user("Tell me a story")
+    plain.add_assistant("Once upon", truncated=True)
+    assert plain.messages()[-1] == {"role": "assistant", "content": "Once upon"}
+
+
+def test_revise_replaces_a_message_where_it_stands() -> None:
+    h = ChatHistory("S", 6)
+    h.add_user("q0")
+    a0 = h.add_assistant("the whole generated reply")
+    h.add_user("q1")
+    revised = h.revise(a0, "the whole")
+    assert revised is not None and revised.truncated
+    assert [m["content"] for m in h.messages()] == ["S", "q0", "the whole…", "q1"]
+    assert h.revise(a0, "gone") is None  # (a0 itself is no longer in the history)
+
+
+def test_tool_calls_and_results_render_as_the_openai_request_shape() -> None:
+    h = ChatHistory("S", 6)
+    h.add_user("book it")
+    call = {"id": "c1", "type": "function", "function": {"name": "book", "arguments": "{}"}}
+    h.add_assistant("", tool_calls=(call,))
+    h.add_tool_result("c1", "book", "booked")
+    assert h.messages()[2:] == [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "name": "book", "content": "booked"},
+    ]
 
 
 def test_discard_turn_forgets_the_last_question_and_its_reply() -> None:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import http.server
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -15,80 +14,21 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from llama_server import free_port, llama_server
 
 from agent.config import LLMConfig
 from agent.errors import VoxlineError
-from stages.llm.local import smollm2_path
 from stages.llm.openai import LLMConnectionError, LLMServerError, OpenAILLM
 
 KEY = "test-key"
 HELLO = [{"role": "user", "content": "Say hello to me."}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m llama_cpp.server`` on a free loopback port; yields its /v1 base URL."""
-    pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] not installed")
-    httpx = pytest.importorskip("httpx")
-    port = free_port()
-    # The server logs hundreds of kB at start-up: to a file, since a full pipe would stall it.
-    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(smollm2_path()),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--n_threads",
-            "1",
-            "--n_ctx",
-            "1024",
-            "--api_key",
-            KEY,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"llama_cpp.server exited: {log_path.read_text(errors='replace')[-2000:]}"
-                )
-            try:
-                r = httpx.get(
-                    f"{base}/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=2
-                )
-                if r.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("llama_cpp.server did not become ready in 120 s")
-            time.sleep(0.5)
+    with llama_server(tmp_path_factory.mktemp("llama_server"), api_key=KEY) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def client(
