@@ -118,6 +118,16 @@ class LLMConfig:
     # local: paused calls' KV caches kept in RAM; SmolLM2 takes 23 KB a token, so ~27 MB for
     # a 1,200-token conversation and ~9 paused calls in 256 MB (the rest re-evaluate)
     kv_saved_mb: int = 256
+    # tools the agent may call, by import path, comma-separated ("pkg.mod:fn,pkg.mod:TOOLS";
+    # the built-ins are agent.tools:hang_up, transfer_call, gather_digits, send_digits)
+    tools: str = ""
+    # the reply's first request: auto (the model decides), required, none, or a tool's name
+    # (the model must call it); later requests of the reply are auto
+    tool_choice: str = "auto"
+    max_tool_steps: int = 3  # requests of one reply that may call tools; the next one may not
+    tool_timeout_s: float = 10.0  # a tool's default time limit; past it the model hears so
+    # sent after an assistant message the caller cut off (alone when they heard none of it)
+    interrupted_mark: str = "…"
 
     def resolved_api_key(self) -> str:
         return self.api_key or os.environ.get("VOXLINE_LLM_API_KEY") or os.environ.get(
@@ -157,6 +167,11 @@ class AgentConfig:
     # said when a reply fails (the LLM refuses, hangs or errs; the TTS cannot speak a text);
     # empty: no apology, the error event only
     apology: str = "Sorry, I'm having trouble — one moment."
+    # said once a turn's tools have run filler_delay_ms without the agent saying anything
+    # (empty: silence while tools run)
+    filler: str = "One moment."
+    filler_delay_ms: int = 400
+    goodbye: str = "Goodbye."  # said when a tool hangs up and the agent had said nothing
 
 
 @dataclass(slots=True)

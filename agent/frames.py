@@ -151,6 +151,22 @@ class TextToSpeak(Frame):
     text: str
     greeting: bool = False
     held: int = 0  # a speculative reply's id: the TTS keeps its audio until it is resolved
+    # the agent message this text belongs to (the LLM's key for it; 0: none), so the playout
+    # can say how much of that message the caller heard (:class:`HeardText`)
+    reply: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class HeardText(Frame):
+    """Upstream from the playout after a barge-in cut the agent off: how much of each agent
+    message it held reached the caller. ``heard`` pairs a message's key (``TextToSpeak.reply``)
+    with the text whose audio left the transport (or, where the transport confirms playback,
+    was confirmed played), in the order spoken; ``newest`` is the highest key whose audio ever
+    reached the playout, so a message with a higher key was never heard at all, and one with
+    a lower key that is not listed was heard whole."""
+
+    heard: tuple[tuple[int, str], ...]
+    newest: int = 0
 
 
 @dataclass(slots=True, frozen=True)

@@ -35,10 +35,22 @@ TRACER_NAME = "voxline"
 # A call event (``trace.call_event(name, ...)``) is a span event on the call span, unless its name
 # is in ``event_spans``: then the function turns the event record ({"event", "t_ns", fields...})
 # into a child span of the call: (start monotonic ns, end monotonic ns, attributes), or None to
-# keep it a span event. This is where tool calls (issue 11) plug in, e.g.
-#   {"tool_call": lambda e: (e["t_ns"], e["t_ns"] + int(e["ms"] * 1e6), {"voxline.tool": e["tool"]})}
-# Call events reach the exporter with the session's summary (the latest 32 of them).
+# keep it a span event. Call events reach the exporter with the session's summary (the latest
+# 32 of them).
 EventSpan = Callable[[Mapping[str, Any]], tuple[int, int, dict[str, Any]] | None]
+
+
+def _tool_span(event: Mapping[str, Any]) -> tuple[int, int, dict[str, Any]] | None:
+    """The LLM stage's ``tool_call`` event (its start, ``ms``, ``tool``, ``outcome``) as a span."""
+    try:
+        start, ms = int(event["t_ns"]), float(event["ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return start, start + round(ms * 1e6), {"voxline.tool": str(event.get("tool", "")),
+                                            "voxline.outcome": str(event.get("outcome", ""))}
+
+
+EVENT_SPANS: dict[str, EventSpan] = {"tool_call": _tool_span}  # the default ``event_spans``
 PRIVATE_FIELDS = frozenset({"text", "reply"})  # what the caller or the agent said
 
 
@@ -125,7 +137,8 @@ class OtelExporter:
         self.provider.add_span_processor(export.BatchSpanProcessor(span_exporter))
         self.tracer = self.provider.get_tracer(TRACER_NAME)
         self.include_text = include_text
-        self.event_spans: dict[str, EventSpan] = dict(event_spans or {})
+        self.event_spans: dict[str, EventSpan] = dict(EVENT_SPANS if event_spans is None
+                                                      else event_spans)
         self._calls: dict[str, _Call] = {}
 
     @classmethod

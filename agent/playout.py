@@ -10,9 +10,11 @@ actually leaves.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -23,9 +25,11 @@ from agent.frames import (
     BotStartedSpeaking,
     BotStoppedSpeaking,
     Frame,
+    HeardText,
     Interrupt,
     PausePlayout,
     ResumePlayout,
+    TextToSpeak,
     TTSAudio,
 )
 from agent.trace import Trace
@@ -37,6 +41,36 @@ class PlayedSink(Protocol):
         ...
 
 
+# How long a text takes to say, per character, before the call has measured its voice (Piper's
+# voices speak 13-16 characters a second): the length of a text whose audio is still arriving.
+SAMPLES_PER_CHAR = 1_100
+LEDGER_MAX = 256  # texts remembered at most (a reply is a few of them)
+
+
+@dataclass(slots=True)
+class _Said:
+    """One text the TTS spoke, and where its audio lies in the playout's timeline of samples."""
+
+    reply: int
+    text: str
+    start: int
+    end: int  # grows while its audio arrives
+    complete: bool = False  # its last chunk came
+
+
+def heard_part(text: str, played: int, total: int) -> str:
+    """The words of ``text`` whose audio reached the caller when ``played`` of its ``total``
+    samples did, where the TTS gives no word timing: the text is taken to be spoken at an even
+    pace through its audio, and a word counts once all of it has played."""
+    if played <= 0 or total <= 0:
+        return ""
+    if played >= total:
+        return text.strip()
+    upto = len(text) * played / total
+    words = [m.end() for m in re.finditer(r"\S+", text) if m.end() <= upto]
+    return text[: words[-1]].strip() if words else ""
+
+
 class Playout:
     """Agent audio waiting to be sent, in 16 kHz int16; ``pull`` hands out fixed-size frames.
 
@@ -46,6 +80,17 @@ class Playout:
     ``echo``, a server-side echo canceller, hears every pull as the caller's line played it:
     the frame, or as long a silence when there was none (quiet, paused or flushed); so does
     ``recorder`` (:class:`agent.recording.CallRecorder`), for the agent's side of the recording.
+
+    **What the caller heard.** The playout keeps a ledger of the texts it plays (each
+    ``TextToSpeak`` the TTS passes on before its audio, with that text's audio as it arrives), on
+    one timeline of samples. When a barge-in flushes the queue it reports upstream, as a
+    :class:`~agent.frames.HeardText`, how much of each agent message (``TextToSpeak.reply``) was
+    heard: whole texts, then the words of the cut one in proportion to its played audio
+    (:func:`heard_part`). By default a sample is heard once pulled (the transport sends what it
+    pulls, paced in real time). A transport whose far end confirms playback (Twilio's marks)
+    sets ``confirmed_heard``: then it reports the confirmed position (``confirm``, from
+    :attr:`pulled_samples` at the time of the mark) and, after a flush, :meth:`settle` once
+    the far end has said what it dropped.
     """
 
     def __init__(
@@ -74,6 +119,16 @@ class Playout:
         self.interruptions = 0
         self.pauses = 0
         self.paused = False  # a tentative barge-in: nothing is sent, nothing is dropped
+        # the texts being played and where their audio lies (see "What the caller heard")
+        self._said: deque[_Said] = deque()
+        self._written = 0  # samples queued so far, on the ledger's timeline
+        self._pulled = 0  # samples pulled so far
+        self._heard = 0  # samples known to have reached the caller
+        self._newest = 0  # the highest message key that reached the playout
+        self._voice_samples = 0  # of complete texts: their audio and their characters,
+        self._voice_chars = 0  # the call's voice's pace
+        self.confirmed_heard = False
+        self._cut: tuple[list[_Said], int] | None = None  # a flush waiting for settle()
         # Called when audio arrives while nothing is queued, so a paced transport can send it
         # at once instead of at its next tick.
         self.on_ready: Callable[[], None] | None = None
@@ -90,6 +145,8 @@ class Playout:
         """Feed the frames leaving the pipeline; returns nothing, ignores what isn't audio."""
         if isinstance(frame, TTSAudio):
             self.write(frame.pcm, last=frame.last)
+        elif isinstance(frame, TextToSpeak):
+            self.begin_text(frame.text, frame.reply)
         elif isinstance(frame, Interrupt):
             self.flush()
         elif isinstance(frame, PausePlayout):
@@ -115,10 +172,64 @@ class Playout:
         if self._queued and self.on_ready is not None:
             self.on_ready()
 
+    # --- the ledger ----------------------------------------------------------------------------
+    @property
+    def pulled_samples(self) -> int:
+        """Agent samples pulled so far: a position on the ledger's timeline (for ``confirm``)."""
+        return self._pulled
+
+    def begin_text(self, text: str, reply: int = 0) -> None:
+        """The TTS starts speaking ``text`` (of agent message ``reply``): its audio follows."""
+        said = self._said
+        if said and not said[-1].complete:
+            said[-1].complete = True  # (an utterance closed without its last chunk)
+        if reply:
+            self._newest = max(self._newest, reply)
+        said.append(_Said(reply, text, self._written, self._written))
+        # Forget texts heard whole that belong to an earlier message than the newest one.
+        while len(said) > 1 and (
+            len(said) > LEDGER_MAX
+            or (said[0].complete and said[0].end <= self._heard and said[0].reply != said[-1].reply)
+        ):
+            said.popleft()
+
+    def confirm(self, position: int) -> None:
+        """``confirmed_heard``: the caller has heard the agent's audio up to ``position``."""
+        self._heard = max(self._heard, min(position, self._pulled))
+
+    def settle(self) -> None:
+        """``confirmed_heard``: after a flush, the far end has reported what it played (or the
+        wait for it ran out): say what was heard."""
+        if self._cut is not None:
+            said, _ = self._cut
+            self._cut = None
+            self._report(said, self._heard)
+
+    def _report(self, said: list[_Said], heard: int) -> None:
+        parts: dict[int, list[str]] = {}
+        for s in said:
+            if not s.reply:
+                continue
+            length = s.end - s.start
+            total = length if s.complete else max(length, self._pace(s.text))
+            part = heard_part(s.text, min(heard, s.end) - s.start, total)
+            words = parts.setdefault(s.reply, [])
+            if part:
+                words.append(part)
+        self._upstream(HeardText(tuple((k, " ".join(v)) for k, v in parts.items()), self._newest))
+
+    def _pace(self, text: str) -> int:
+        """Samples ``text`` takes to say, at the pace this call's voice has kept so far."""
+        if self._voice_chars >= 40:
+            return round(len(text) * self._voice_samples / self._voice_chars)
+        return len(text) * SAMPLES_PER_CHAR
+
     def write(self, pcm: np.ndarray, last: bool = False) -> None:
         self._utterance_open = not last
         n = len(pcm)
         if n == 0:
+            if last:
+                self._close_text()
             return
         room = self._max - self._queued
         if n > room:
@@ -130,8 +241,20 @@ class Playout:
         was_empty = self._queued == 0
         self._chunks.append(pcm)
         self._queued += n
+        self._written += n
+        if self._said:
+            self._said[-1].end = self._written
+        if last:
+            self._close_text()
         if was_empty and self.on_ready is not None:
             self.on_ready()
+
+    def _close_text(self) -> None:
+        if self._said and not self._said[-1].complete:
+            s = self._said[-1]
+            s.complete = True
+            self._voice_samples += s.end - s.start
+            self._voice_chars += len(s.text)
 
     def flush(self) -> None:
         """Barge-in: drop every queued sample now; the agent stops within one frame."""
@@ -144,6 +267,16 @@ class Playout:
             self.interruptions += 1
             self.speaking = False
             self._upstream(BotStoppedSpeaking(interrupted=True))
+        said = list(self._said)
+        self._said.clear()
+        self._written = self._pulled  # the queued audio is gone from the timeline
+        if self._cut is not None:  # (a second flush before the first was settled)
+            said = self._cut[0] + said
+            self._cut = None
+        if self.confirmed_heard:
+            self._cut = (said, self._pulled)
+        else:
+            self._report(said, self._heard)
 
     def pull(self, out: np.ndarray | None = None) -> np.ndarray | None:
         """The next frame of agent audio (zero-padded at the end), or None when there is none.
@@ -175,6 +308,9 @@ class Playout:
         if filled < n:
             out[filled:] = 0
         self._queued -= filled
+        self._pulled += filled
+        if not self.confirmed_heard:
+            self._heard = self._pulled
         if not self.speaking:
             self.speaking = True
             self._upstream(BotStartedSpeaking())

@@ -68,6 +68,9 @@ class Models:
     llm: Any
     tts: Any
     turn: Any = None  # the turn model's scorer shared by every call (semantic endpointing)
+    # the tools every call's agent may use (agent.tools.Tools): ``[llm] tools`` by import
+    # path, and whatever code adds (``models.tools.add(fn)``) before the first call
+    tools: Any = None
 
 
 def asr_stats(engine: Any) -> dict[str, int]:
@@ -90,7 +93,21 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     # last: its worker thread starts only once every other backend loaded without error
     turn = load(STAGES["turn_model"])(cfg.turn) if cfg.turn.mode == "semantic" else None
-    return Models(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn)
+    return Models(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn, tools=load_tools(cfg, llm))
+
+
+def load_tools(cfg: Config, llm: Any = None) -> Any:
+    """``[llm] tools`` (import paths, comma-separated) as one :class:`agent.tools.Tools`,
+    checked against what the LLM backend can do before any call."""
+    from agent.tools import Tools
+
+    paths = [p.strip() for p in cfg.llm.tools.split(",") if p.strip()]
+    tools = Tools.from_config(paths)
+    if len(tools) and llm is not None and not llm.capabilities.tools:
+        raise ConfigError(
+            f"[llm] tools: the {cfg.llm.backend} backend with this model cannot call tools "
+            f"({type(llm).__name__}) — configure no tools, or a model that can")
+    return tools
 
 
 def new_session(cfg: Config, models: Models, telephony: bool = False, record_dir: str = "") -> Any:
@@ -142,7 +159,8 @@ def build_pipeline(cfg: Config, models: Models) -> Pipeline:
         load(STAGES["asr"])(models.asr, cfg.asr),
         load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad_cfg.stop_ms, scorer=scorer),
         load(STAGES["idle"])(cfg.agent),  # re-prompts an idle caller, then hangs up (if configured)
-        load(STAGES["llm"])(models.llm, cfg.llm, cfg.agent, apology=cfg.agent.apology),
+        load(STAGES["llm"])(models.llm, cfg.llm, cfg.agent, apology=cfg.agent.apology,
+                            tools=models.tools),
         load(STAGES["tts"])(models.tts, cfg.tts, apology=cfg.agent.apology),
     ]
     return Pipeline(stages)

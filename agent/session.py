@@ -24,17 +24,20 @@ from typing import Any
 import numpy as np
 
 from agent import observe
+from agent.control import CallControl, Keypad
 from agent.echo import EchoCanceller
 from agent.frames import (
     ANY_FRAME,
     AudioIn,
     Direction,
+    Dtmf,
     EndOfCall,
     Frame,
     HangUp,
     Interrupt,
     PausePlayout,
     ResumePlayout,
+    TextToSpeak,
     TTSAudio,
 )
 from agent.pipeline import Pipeline
@@ -46,7 +49,8 @@ from agent.trace import Trace
 log = logging.getLogger("voxline.session")
 
 # what Playout.on_frame reads
-PLAYOUT_CONSUMES: frozenset[type[Frame]] = frozenset({TTSAudio, Interrupt, PausePlayout, ResumePlayout})
+PLAYOUT_CONSUMES: frozenset[type[Frame]] = frozenset(
+    {TTSAudio, TextToSpeak, Interrupt, PausePlayout, ResumePlayout})
 # how often a requested hang-up checks that the agent's audio has played out (one packet time),
 # and the most it waits for that (a stage stuck busy must not keep the call up for good)
 HANGUP_POLL_S = 0.02
@@ -72,6 +76,11 @@ class Session:
         self.trace = trace if trace is not None else Trace(session_id=self.id)
         self.trace.session_id = self.trace.session_id or self.id
         self.ctx = StageContext(self.trace, self.id)
+        # the caller's key presses, whatever the transport; what the transport can do to the
+        # call (transfer, send keys), set by a transport that can (agent.control)
+        self.keypad = Keypad()
+        self.control: CallControl | None = None
+        self.ctx.call = self
         # a server-side echo canceller hears the playout and cleans the caller's audio
         self.echo = echo
         # the call as a stereo WAV, written as it goes (``--record``)
@@ -131,6 +140,18 @@ class Session:
             return False
         return not any(s.busy for s in self.pipeline.all_stages)
 
+    async def wait_played(self, exclude: object = None, max_s: float = HANGUP_DRAIN_MAX_S) -> None:
+        """Return once the agent's words so far have played out: no stage but ``exclude``
+        (the one asking, e.g. the LLM stage running a transfer tool) has work in flight and
+        the playout is idle; or after ``max_s``."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + max_s
+        while loop.time() < give_up and not self.closed:
+            if self.playout.idle and not any(
+                    s.busy for s in self.pipeline.all_stages if s is not exclude):
+                return
+            await asyncio.sleep(HANGUP_POLL_S)
+
     async def wait_hangup(self) -> str:
         """Wait until the agent ends the call (:attr:`hangup_due`, or ``HANGUP_DRAIN_MAX_S``
         after the request at the latest) and return the reason. Never returns for a call the
@@ -161,8 +182,11 @@ class Session:
         self.pipeline.push(frame, Direction.DOWNSTREAM)
 
     def push(self, frame: Frame) -> None:
-        if not self.closed:
-            self.pipeline.push(frame, Direction.DOWNSTREAM)
+        if self.closed:
+            return
+        if isinstance(frame, Dtmf):
+            self.keypad.press(frame.digit)
+        self.pipeline.push(frame, Direction.DOWNSTREAM)
 
     @property
     def quiet(self) -> bool:
@@ -175,6 +199,7 @@ class Session:
         if self.closed:
             return self.summary
         self.closed = True
+        self.keypad.end()
         try:
             self.pipeline.push(EndOfCall(reason), Direction.DOWNSTREAM)
         except Exception:  # a stage failing on hang-up must not keep resources alive

@@ -12,11 +12,12 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.frames import ANY_FRAME, Direction, EndOfCall, ErrorFrame, Frame, Interrupt
 
 if TYPE_CHECKING:
+    from agent.control import CallControl, Keypad
     from agent.trace import Trace
 
 log = logging.getLogger("voxline.stage")
@@ -25,14 +26,29 @@ DOWN = Direction.DOWNSTREAM
 UP = Direction.UPSTREAM
 
 
+class CallHandle(Protocol):
+    """The call a stage runs in, as tools see it (:class:`agent.session.Session`)."""
+
+    id: str
+    keypad: Keypad
+    control: CallControl | None
+
+    async def wait_played(self, exclude: object = None, max_s: float = ...) -> None:
+        """Return once the agent's words so far have played (no stage but ``exclude`` busy,
+        the playout idle), or after ``max_s``."""
+        ...
+
+
 class StageContext:
     """What a running stage may use from its session: the trace, when the call started
-    (monotonic ns; 0 outside a session) and a task spawner whose tasks are all cancelled when
-    the session ends."""
+    (monotonic ns; 0 outside a session), the call itself (its keypad and call control; None
+    outside a session) and a task spawner whose tasks are all cancelled when the session
+    ends."""
 
     def __init__(self, trace: Trace | None = None, session_id: str = "") -> None:
         self.trace = trace
         self.session_id = session_id
+        self.call: CallHandle | None = None
         self.started_ns = 0
         self.tasks: set[asyncio.Task[Any]] = set()
 

@@ -9,14 +9,18 @@ import logging
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.config import AgentConfig, LLMConfig
+from agent.errors import ConfigError
 from agent.frames import (
     BotStartedSpeaking,
     BotStoppedSpeaking,
     Direction,
     EndOfCall,
     Frame,
+    HangUp,
+    HeardText,
     Interrupt,
     LLMEnd,
     LLMTextDelta,
@@ -30,13 +34,35 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.stage import DOWN, UP, QueuedStage, StageContext
+from agent.tools import ToolCall, ToolContext, ToolResult, Tools, run_tool
 from stages.faults import APOLOGY, LLM_UNAVAILABLE, StageFault, fault_frame
-from stages.llm.chat import ChatHistory, ChatLLM
+from stages.llm.chat import ChatHistory, ChatLLM, Message
 from stages.llm.sentences import SentenceAggregator
 
 log = logging.getLogger("voxline.llm")
 
 _speculation_ids = itertools.count(1)
+# Keys of agent messages (TextToSpeak.reply), increasing through the process: the playout's
+# HeardText says which keys it has seen by the highest one.
+_message_keys = itertools.count(1)
+# After a barge-in, the next request waits at most this long for the playout's word on what
+# the caller heard (at once on most transports; Twilio's marks take a round trip).
+HEARD_WAIT_S = 0.5
+UNSETTLED_MAX = 8  # agent messages whose playout may still be cut, remembered at most
+RUNNING = "(running)"  # a tool message's content until its tool returns
+CANCELLED = "error: cancelled — the caller interrupted before the tool finished"
+
+
+@dataclass(slots=True)
+class Spoken:
+    """One agent message as the TTS speaks it: the chunks sent under its ``key``, the history
+    message holding it, and, once a barge-in cut the playout, what the caller heard of it."""
+
+    key: int
+    said: list[str] = field(default_factory=list)
+    message: Message | None = None
+    whole: bool = False  # every chunk of it was sent (the message is complete)
+    heard: str | None = None
 
 
 @dataclass(slots=True)
@@ -51,8 +77,11 @@ class Reply:
     text: str  # the caller's turn it answers
     id: int = 0  # a speculation's id; 0 for a reply to a confirmed turn
     confirmed: bool = True
-    parts: list[str] = field(default_factory=list)  # the tokens so far
-    said: list[str] = field(default_factory=list)  # the chunks sent to the TTS
+    parts: list[str] = field(default_factory=list)  # the tokens so far, every step's
+    step_from: int = 0  # where the current step's tokens begin in ``parts``
+    spoken: Spoken = field(default_factory=lambda: Spoken(next(_message_keys)))
+    calls: list[ToolCall] = field(default_factory=list)  # the step's tool calls, not yet run
+    steps: list[str] = field(default_factory=list)  # the text of each step done
     held: list[Frame] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -60,6 +89,26 @@ class Reply:
     @property
     def tokens(self) -> int:
         return len(self.parts)
+
+    @property
+    def said(self) -> list[str]:
+        """The current step's chunks sent to the TTS."""
+        return self.spoken.said
+
+    @property
+    def step_text(self) -> str:
+        return "".join(self.parts[self.step_from:]).strip()
+
+    @property
+    def answer(self) -> str:
+        """All of the reply so far: its steps' texts, then the current step's."""
+        return " ".join(t for t in (*self.steps, self.step_text) if t)
+
+    def next_step(self) -> None:
+        self.steps.append(self.step_text)
+        self.step_from = len(self.parts)
+        self.spoken = Spoken(next(_message_keys))
+        self.calls = []
 
 
 class LLMStage(QueuedStage):
@@ -73,11 +122,31 @@ class LLMStage(QueuedStage):
     text the reply is adopted: what was held goes on at once and generation continues. When
     the caller goes on (speech starts or resumes), the text differs, or a barge-in comes, it is
     cancelled and its held work discarded unheard. Nothing speculative is ever spoken, added to
-    the history or allowed side effects; the tokens generated and thrown away are counted
+    the history or allowed side effects (a speculative reply that calls tools stops there; the
+    tools run once the turn is confirmed); the tokens generated and thrown away are counted
     (``tokens_discarded``).
 
-    On a barge-in the reply in flight is cancelled; the history keeps what was generated so
-    far, marked truncated, and an ``LLMEnd(cancelled=True)`` follows.
+    **Tools** (``tools``, ``[llm] tools``). Each request of a reply offers the tools (the first
+    with ``[llm] tool_choice``); when the model calls some, the calls run at once, in parallel,
+    each within its time limit, their results join the history after the assistant message
+    that called them, and the model is asked again, up to ``max_tool_steps`` requests that may
+    call tools. A tool that fails, times out or gets bad arguments answers the model with the
+    error, so the reply goes on. When the tools have run ``filler_delay_ms`` and the agent has
+    said nothing of this request, it says ``filler`` ("One moment."). A barge-in cancels the
+    reply and the tools without side effects; a tool with side effects runs to its end and
+    its result stays in the history (the next request waits for it). Each call is a
+    ``tool_call`` event in the trace (tool, ms, outcome) and marks its turn's
+    ``info.tools``. A tool that hangs up (``ToolContext.hang_up``) ends the call after the
+    agent's words, with ``goodbye`` when it had said nothing.
+
+    **The history holds what the caller heard.** Every agent message's chunks carry its key
+    (``TextToSpeak.reply``). When a barge-in cuts the playout, the playout reports what of each
+    message reached the caller (:class:`HeardText`), and the message in the history becomes
+    exactly that, marked truncated (sent with ``[llm] interrupted_mark``); a reply cut before
+    its first audio leaves the mark alone. This holds whether the reply was still being
+    generated or already complete and playing, and the message keeps its place in the
+    history. The next request waits briefly for that report (``HEARD_WAIT_S``), so it always
+    carries the heard text; an ``LLMEnd(cancelled=True)`` closes a reply cut mid-generation.
 
     When the LLM fails (its server refuses, resets, answers an HTTP error, sends a stream that
     cannot be read, or misses a deadline; a local model raises) the caller hears ``apology``
@@ -99,19 +168,27 @@ class LLMStage(QueuedStage):
     name = "llm"
     consumes = frozenset({
         SpeechPaused, SpeechStarted, SpeechResumed, Transcript, TurnCandidate, UserTurnEnded,
-        TextToSpeak, BotStartedSpeaking, BotStoppedSpeaking,
+        TextToSpeak, BotStartedSpeaking, BotStoppedSpeaking, HeardText,
     })
 
     def __init__(
-        self, llm: ChatLLM, cfg: LLMConfig, agent: AgentConfig, apology: str = APOLOGY
+        self, llm: ChatLLM, cfg: LLMConfig, agent: AgentConfig, apology: str = APOLOGY,
+        tools: Tools | None = None,
     ) -> None:
         super().__init__()
         self.llm = llm
         self.cfg = cfg
         self.agent = agent
         self.apology = apology.strip()  # empty: a failed reply ends in silence (and its error)
+        self.tools = tools if tools is not None and len(tools) else None
+        if self.tools is not None and not llm.capabilities.tools:
+            raise ConfigError(
+                f"the LLM backend {type(llm).__name__} cannot call tools — use a model and "
+                "backend that can (the openai backend against a server with function calling, "
+                "or the local backend), or configure no tools")
         self.errors = 0  # replies that failed
-        self.history = ChatHistory(cfg.system_prompt, cfg.history_turns)
+        self.history = ChatHistory(cfg.system_prompt, cfg.history_turns,
+                                   interrupted_mark=cfg.interrupted_mark)
         self._greeted = False
         self._speaking = False
         self._spoke = asyncio.Event()
@@ -124,6 +201,13 @@ class LLMStage(QueuedStage):
         self.adopted = 0  # ... that became the reply
         self.tokens_generated = 0  # every token, speculative or not
         self.tokens_discarded = 0  # tokens of speculative replies thrown away
+        # agent messages whose playout a barge-in may still cut, oldest first
+        self._unsettled: list[Spoken] = []
+        self._heard_due = asyncio.Event()  # set: no HeardText is awaited
+        self._heard_due.set()
+        self._side_effects: set[asyncio.Task[ToolResult]] = set()  # tools left running
+        self.tool_calls = 0
+        self.fillers = 0
 
     def process(self, frame: Frame, direction: Direction) -> None:
         if direction is DOWN:
@@ -155,6 +239,8 @@ class LLMStage(QueuedStage):
                 self._spoke.set()
             elif isinstance(frame, BotStoppedSpeaking):
                 self._speaking = False
+            elif isinstance(frame, HeardText):
+                self._on_heard(frame)
         super().process(frame, direction)
 
     @property
@@ -169,6 +255,39 @@ class LLMStage(QueuedStage):
 
     def on_interrupt(self, frame: Interrupt) -> None:
         self._discard()
+        if self._unsettled:
+            self._heard_due.clear()  # the playout's HeardText is on its way
+
+    # --- what the caller heard -------------------------------------------------------------------
+    def _track(self, spoken: Spoken) -> None:
+        self._unsettled.append(spoken)
+        del self._unsettled[:-UNSETTLED_MAX]
+
+    def _on_heard(self, frame: HeardText) -> None:
+        heard = dict(frame.heard)
+        for sp in self._unsettled:
+            if sp.key in heard:
+                text = heard[sp.key]
+            elif sp.key > frame.newest:
+                text = ""  # none of its audio reached the playout
+            else:
+                continue  # played whole before the cut
+            if sp.whole and text == " ".join(sp.said):
+                continue
+            sp.heard = text
+            if sp.message is not None:
+                sp.message = self.history.revise(sp.message, text, truncated=True)
+        self._unsettled.clear()
+        self._heard_due.set()
+
+    async def _before_request(self) -> None:
+        """Let the history settle before it is sent: what the caller heard of a cut reply, and
+        the results of tools with side effects still running from an interrupted one."""
+        if not self._heard_due.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard_due.wait(), HEARD_WAIT_S)
+        if self._side_effects:
+            await asyncio.wait(set(self._side_effects))
 
     # --- speculation ---------------------------------------------------------------------------
     def _speculate(self, text: str) -> None:
@@ -178,10 +297,12 @@ class LLMStage(QueuedStage):
         spec = self._speculation
         if spec is not None and spec.text == text:
             return
+        if self._side_effects or not self._heard_due.is_set():
+            return  # the history is about to change: a reply to it now would be wasted
         self._discard()
         spec = Reply(text, id=next(_speculation_ids), confirmed=False)
         messages = self.history.messages() + [{"role": "user", "content": text}]
-        spec.task = self.ctx.spawn(self._generate(messages, spec), name="llm-speculation")
+        spec.task = self.ctx.spawn(self._generate(messages, spec, 0), name="llm-speculation")
         spec.task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._speculation = spec
         self.speculations += 1
@@ -245,8 +366,15 @@ class LLMStage(QueuedStage):
             self._greeted = True
             if ctx.trace is not None:
                 ctx.trace.begin_turn("greeting", call_start=ctx.started_ns or time.monotonic_ns())
-            self.history.add_assistant(self.agent.greeting)
-            self.push(TextToSpeak(self.agent.greeting, greeting=True))
+            spoken = Spoken(next(_message_keys), [self.agent.greeting], whole=True)
+            spoken.message = self.history.add_assistant(self.agent.greeting)
+            self._track(spoken)
+            self.push(TextToSpeak(self.agent.greeting, greeting=True, reply=spoken.key))
+
+    async def stop(self) -> None:
+        for task in list(self._side_effects):
+            task.cancel()
+        await super().stop()
 
     def wants(self, frame: Frame) -> bool:
         return isinstance(frame, UserTurnEnded)
@@ -267,30 +395,170 @@ class LLMStage(QueuedStage):
         else:
             self._discard()
             reply = Reply(text)
+            await self._before_request()
         self.history.add_user(text)
+        self._track(reply.spoken)
         try:
-            if reply.task is None:
-                self._spoke.clear()
-                await self._generate(self.history.messages(), reply)
-            else:
-                await asyncio.shield(reply.task)
+            await self._answer(reply)
         except asyncio.CancelledError:
-            # Barge-in: the history keeps only what was generated before it.
+            # Barge-in: the history keeps what the caller heard of this step (known already,
+            # or revised when the playout's report comes).
             if reply.task is not None:
                 reply.task.cancel()
-            partial = "".join(reply.parts).strip()
-            self.history.add_assistant(partial, truncated=True)
-            self.push(LLMEnd(text=partial, cancelled=True))
+            sp = reply.spoken
+            if sp.message is None:  # (cut while generating; else while its tools ran)
+                heard = sp.heard if sp.heard is not None else " ".join(sp.said)
+                sp.message = self.history.add_assistant(heard, truncated=True,
+                                                        tool_calls=_call_dicts(reply.calls))
+                for call in reply.calls:  # called, never run: the model must know they did not
+                    self.history.add_tool_result(call.id, call.name, CANCELLED)
+            self.push(LLMEnd(text=reply.answer, cancelled=True))
             raise
         except Exception as exc:
             self._fail(reply, exc)
             return
-        answer = "".join(reply.parts).strip()
-        self.history.add_assistant(answer)
+        answer = reply.answer
         self.push(LLMEnd(text=answer))
         trace = self.ctx.trace
         if trace is not None:
             trace.note(reply=answer)
+
+    async def _answer(self, reply: Reply) -> None:
+        """The reply's requests: the first (maybe already run as a speculation), then one more
+        after each step that called tools, its results in the history."""
+        step = 0
+        while True:
+            if reply.task is not None:
+                await asyncio.shield(reply.task)
+                reply.task = None
+            else:
+                if step == 0:
+                    self._spoke.clear()
+                await self._generate(self.history.messages(), reply, step)
+            calls, sp = reply.calls, reply.spoken
+            sp.whole = True
+            sp.message = self.history.add_assistant(reply.step_text, tool_calls=_call_dicts(calls))
+            if not calls:
+                return
+            reply.calls = []
+            hung_up, results = await self._run_tools(reply, calls, sp)
+            if hung_up:
+                if not any(s.strip() for s in reply.parts):
+                    self.push(TextToSpeak(self.agent.goodbye))
+                self.push(HangUp(hung_up))
+                return
+            step += 1
+            reply.next_step()
+            self._track(reply.spoken)
+            spoken = self._spoken_results(results)
+            if spoken:  # the tools' results are the reply: said as they are, no more requests
+                reply.parts.append(spoken)
+                self._say(reply, spoken)
+                reply.spoken.whole = True
+                reply.spoken.message = self.history.add_assistant(spoken)
+                return
+
+    # --- tools ---------------------------------------------------------------------------------
+    def _spoken_results(self, results: list[ToolResult]) -> str:
+        """The text the agent says for a step whose every call was to a ``speak`` tool that
+        worked ("" otherwise: the model answers from the results)."""
+        assert self.tools is not None
+        tools = [self.tools.get(r.call.name) for r in results]
+        if not results or not all(t is not None and t.speak for t in tools):
+            return ""
+        if any(r.outcome != "ok" for r in results):
+            return ""
+        return " ".join(r.content.strip() for r in results if r.content.strip())
+
+    async def _played(self) -> None:
+        """What the agent has said so far has played (the TTS and the playout are done)."""
+        call = self.ctx.call
+        if call is not None:
+            await call.wait_played(exclude=self)
+
+    def _tool_context(self) -> ToolContext:
+        call = self.ctx.call
+        return ToolContext(
+            call_id=self.ctx.session_id,
+            keypad=call.keypad if call is not None else None,
+            control=call.control if call is not None else None,
+            speaker=lambda text: self.push(TextToSpeak(text)),
+            played=self._played,
+        )
+
+    async def _run_tools(self, reply: Reply, calls: list[ToolCall],
+                         sp: Spoken) -> tuple[str, list[ToolResult]]:
+        """Run the step's tool calls at once, each within its limit, the filler said when they
+        take long; returns the hang-up reason a tool asked for ("" for none) and the results
+        in the calls' order."""
+        assert self.tools is not None
+        tool_ctx = self._tool_context()
+        trace = self.ctx.trace
+        if trace is not None:
+            trace.info(tools=[c.name for c in calls])
+            trace.event("tool_start")
+        tasks: list[tuple[ToolCall, asyncio.Task[ToolResult]]] = []
+        for c in calls:
+            message = self.history.add_tool_result(c.id, c.name, RUNNING)
+            task = self.ctx.spawn(self._tool(c, tool_ctx, message), name=f"tool-{c.name}")
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            tasks.append((c, task))
+        self.tool_calls += len(calls)
+        running = {t for _, t in tasks}
+        try:
+            if self.agent.filler and self.agent.filler_delay_ms >= 0:
+                _, running = await asyncio.wait(running, timeout=self.agent.filler_delay_ms / 1000)
+                if running and not sp.said:
+                    self.fillers += 1
+                    self.push(TextToSpeak(self.agent.filler))
+            if running:
+                await asyncio.wait(running)
+        except asyncio.CancelledError:
+            for c, task in tasks:
+                tool = self.tools.get(c.name)
+                if tool is not None and tool.side_effects and not task.done():
+                    self._side_effects.add(task)  # it finishes; its result stays in the history
+                    task.add_done_callback(self._side_effects.discard)
+                else:
+                    task.cancel()
+            raise
+        if trace is not None:
+            trace.event("tool_end")
+        return tool_ctx.hangup, [t.result() for _, t in tasks]
+
+    async def _tool(self, call: ToolCall, tool_ctx: ToolContext, message: Message) -> ToolResult:
+        assert self.tools is not None
+        start = time.monotonic_ns()
+        try:
+            result = await run_tool(self.tools, call, tool_ctx, self.cfg.tool_timeout_s)
+        except asyncio.CancelledError:
+            self.history.revise(message, CANCELLED, truncated=False)
+            self._trace_tool(call, start, "cancelled", False)
+            raise
+        self.history.revise(message, result.content, truncated=False)
+        self._trace_tool(call, start, result.outcome, result.side_effects)
+        if result.outcome != "ok":
+            log.warning("%s: tool %s ended %s: %s", self.name, call.name, result.outcome,
+                        result.content[:200])
+        return result
+
+    def _trace_tool(self, call: ToolCall, start: int, outcome: str, side_effects: bool) -> None:
+        trace = self.ctx.trace
+        if trace is not None:
+            trace.call_event("tool_call", start, tool=call.name, outcome=outcome,
+                             ms=round((time.monotonic_ns() - start) / 1e6, 3),
+                             side_effects=side_effects)
+
+    def _tool_offer(self, step: int) -> tuple[list[dict[str, Any]] | None, Any]:
+        """The tools and tool_choice a request of step ``step`` sends."""
+        if self.tools is None or step >= self.cfg.max_tool_steps:
+            return None, None
+        choice = self.cfg.tool_choice.strip() if step == 0 else "auto"
+        if choice in ("", "auto"):
+            return self.tools.specs(), None
+        if choice in ("none", "required"):
+            return self.tools.specs(), choice
+        return self.tools.specs(), {"type": "function", "function": {"name": choice}}
 
     def _fail(self, reply: Reply, exc: Exception) -> None:
         """The reply failed: the caller hears the apology after what was said, clients get
@@ -303,8 +571,8 @@ class LLMStage(QueuedStage):
             log.error("%s: the reply failed (%s)", self.name, code, exc_info=exc)
         self.errors += 1
         said = " ".join(reply.said)
-        if said:
-            self.history.add_assistant(said, truncated=True)
+        if said or reply.step_from:
+            reply.spoken.message = self.history.add_assistant(said, truncated=True)
         else:
             self.history.discard_turn()
         self.push(fault_frame(code, self.name))
@@ -331,17 +599,32 @@ class LLMStage(QueuedStage):
         else:
             reply.events.append((name, time.monotonic_ns()))
 
-    async def _generate(self, messages: list[dict[str, str]], reply: Reply) -> None:
-        """Stream the reply's tokens into frames; ends with the last chunk pushed (the caller
-        closes the reply with LLMEnd and the history)."""
+    def _say(self, reply: Reply, chunk: str) -> None:
+        reply.said.append(chunk)
+        self.push(TextToSpeak(chunk, held=0 if reply.confirmed else reply.id,
+                              reply=reply.spoken.key))
+
+    async def _generate(self, messages: list[dict[str, Any]], reply: Reply, step: int) -> None:
+        """Stream one request's tokens into frames; ends with the last chunk pushed and the
+        tool calls it made in ``reply.calls`` (the caller closes the step: the history, the
+        tools, LLMEnd)."""
         chunks = SentenceAggregator(self.agent.min_first_chunk_words,
                                     self.agent.max_first_chunk_words)
-        first_chunk = True
+        first_chunk = step == 0
         if not reply.confirmed:
             self._spoke.clear()
         self._event(reply, "llm_request")
-        async with aclosing(self.llm.stream(messages)) as tokens:
+        tools, choice = self._tool_offer(step)
+        stream = (self.llm.stream(messages) if tools is None
+                  else self.llm.stream(messages, tools=tools, tool_choice=choice))
+        async with aclosing(stream) as tokens:
             async for token in tokens:
+                if isinstance(token, list):
+                    if tools is not None:
+                        reply.calls.extend(token)
+                    else:  # (none were offered: a backend's mistake, not something to run)
+                        log.warning("%s: the model called tools none were offered", self.name)
+                    continue
                 if not token:
                     continue
                 if not reply.parts:
@@ -350,17 +633,21 @@ class LLMStage(QueuedStage):
                 self.tokens_generated += 1
                 self._emit(reply, LLMTextDelta(token))
                 for chunk in chunks.feed(token):
-                    reply.said.append(chunk)
-                    self.push(TextToSpeak(chunk, held=0 if reply.confirmed else reply.id))
+                    self._say(reply, chunk)
                     trace = self.ctx.trace
                     if trace is not None and reply.confirmed:
                         # Noted as it grows: the turn closes at its first audio out,
                         # usually before the reply is complete.
-                        trace.note(reply="".join(reply.parts).strip())
+                        trace.note(reply=reply.answer)
                     if first_chunk:
                         first_chunk = False
                         await self._yield_to_first_audio()
         rest = chunks.flush()  # only once the reply is complete: a failed one's tail is unsaid
         if rest:
-            reply.said.append(rest)
-            self.push(TextToSpeak(rest, held=0 if reply.confirmed else reply.id))
+            self._say(reply, rest)
+
+
+def _call_dicts(calls: list[ToolCall]) -> tuple[dict[str, Any], ...]:
+    """Tool calls as an assistant message carries them."""
+    return tuple({"id": c.id, "type": "function",
+                  "function": {"name": c.name, "arguments": c.arguments}} for c in calls)

@@ -1,6 +1,6 @@
 import numpy as np
 
-from agent.frames import BotStartedSpeaking, BotStoppedSpeaking, Interrupt, TTSAudio
+from agent.frames import BotStartedSpeaking, BotStoppedSpeaking, HeardText, Interrupt, TTSAudio
 from agent.playout import Playout
 from agent.trace import Trace
 
@@ -31,7 +31,9 @@ def test_interrupt_flushes_within_one_frame():
     assert po.pull() is not None
     po.on_frame(Interrupt())
     assert po.pull() is None and po.queued_samples == 0
-    assert isinstance(ups[-1], BotStoppedSpeaking) and ups[-1].interrupted and po.interruptions == 1
+    stopped = [f for f in ups if isinstance(f, BotStoppedSpeaking)]
+    assert len(stopped) == 1 and stopped[0].interrupted and po.interruptions == 1
+    assert isinstance(ups[-1], HeardText) and ups[-1].heard == ()  # (no text was being played)
 
 
 def test_queue_is_bounded():

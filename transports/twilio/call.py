@@ -6,6 +6,12 @@ Marks track what the caller has actually heard: after the first packet of each a
 we send a mark, and Twilio echoes it once that audio has played, so the trace's ``audio_out``
 (the end of the voice-to-voice span) is the moment the caller heard the agent, not the moment
 we handed bytes to the socket. Barge-in sends ``clear`` so Twilio drops its buffered audio.
+The marks also say what of the agent's words the caller heard: while the agent speaks a mark goes
+every ``HEARD_MARK_PACKETS`` packets, each holding the playout's position when it was sent, and
+Twilio's echo of it (not one forced by a clear) confirms the audio up to there
+(``Playout.confirm``); after a barge-in's clear the playout reports what was heard once every
+pending mark has come back (``Playout.settle``), or after ``HEARD_SETTLE_S`` at the latest. So
+the history's "heard" over Twilio means the mark came back.
 The same marks tell when the agent's last words have played, so an agent hang-up closes the
 stream only then (Twilio's protocol has no hang-up message: closing the stream ends
 ``<Connect>``, and a call whose TwiML has nothing after it ends).
@@ -39,6 +45,9 @@ from transports.twilio.messages import (
     Stop,
 )
 
+HEARD_MARK_PACKETS = 5  # a mark every 100 ms of agent audio: the resolution of "heard"
+HEARD_SETTLE_S = 1.0  # after a clear, the longest wait for Twilio's echoes of pending marks
+
 
 @dataclass(slots=True)
 class MarkRecord:
@@ -46,6 +55,7 @@ class MarkRecord:
     sent_ns: int
     heard_ns: int = 0
     cleared: bool = False  # echoed because a clear dropped the audio, not because it played
+    position: int = -1  # the playout's position (16 kHz samples) the mark stands at
 
 
 @dataclass(slots=True)
@@ -81,6 +91,10 @@ class TwilioCall(NarrowbandCall):
         self._utterance = 0
         self._pending: dict[str, MarkRecord] = {}
         self._clear_due = False
+        self._packets = 0  # packets of the utterance since its latest mark
+        self._settle_by = 0  # after a clear: when the playout is told what was heard at the latest
+        if heard_from_marks:
+            session.playout.confirmed_heard = True
         self._inbound = TokenBucket(AUDIO_SLACK, AUDIO_BURST_S)  # seconds of audio a second
         session.listen(self._on_frame, frozenset({Interrupt}))
 
@@ -119,8 +133,13 @@ class TwilioCall(NarrowbandCall):
             rec = self._pending.pop(msg.name, None)
             if rec is not None:
                 rec.heard_ns = now_ns
-                if self.heard_from_marks and rec.name.endswith(":start") and not rec.cleared:
-                    self.session.playout.sent(rec.heard_ns)
+                if self.heard_from_marks and not rec.cleared:
+                    if rec.position >= 0:
+                        self.session.playout.confirm(rec.position)
+                    if rec.name.endswith(":start"):
+                        self.session.playout.sent(rec.heard_ns)
+                if self._settle_by and not any(r.cleared for r in self._pending.values()):
+                    self._settle()
         elif isinstance(msg, DtmfDigit):
             self.stats.dtmf += msg.digit
             self.session.push(Dtmf(msg.digit))
@@ -130,8 +149,15 @@ class TwilioCall(NarrowbandCall):
             pass  # a repeat of what opened the stream
 
     # --- us → Twilio -------------------------------------------------------------------------
+    def _settle(self) -> None:
+        self._settle_by = 0
+        self.session.playout.settle()
+
     def _mark(self, suffix: str, now_ns: int) -> SendMark:
-        rec = MarkRecord(f"u{self._utterance}:{suffix}", now_ns)
+        # where the mark stands: what the playout handed out, less the encoder's unsent tail
+        position = self.session.playout.pulled_samples - 2 * self._outbound.encoder.pending
+        rec = MarkRecord(f"u{self._utterance}:{suffix}", now_ns, position=position)
+        self._packets = 0
         self._pending[rec.name] = rec
         self.stats.marks.append(rec)
         return SendMark(self.stream_sid, rec.name)
@@ -147,6 +173,13 @@ class TwilioCall(NarrowbandCall):
             for rec in self._pending.values():
                 rec.cleared = True  # Twilio echoes these now, though nobody heard them
             self._talking = False
+            if self.heard_from_marks:
+                if self._pending:
+                    self._settle_by = now_ns + int(HEARD_SETTLE_S * 1e9)
+                else:
+                    self._settle()
+        elif self._settle_by and now_ns >= self._settle_by:
+            self._settle()  # Twilio never echoed them: what was confirmed is what was heard
         for payloads in self._outbound.tick(now_ns):
             if payloads:
                 for p in payloads:
@@ -156,6 +189,10 @@ class TwilioCall(NarrowbandCall):
                     self._talking = True
                     self._utterance += 1
                     out.append(self._mark("start", now_ns))
+                else:
+                    self._packets += len(payloads)
+                    if self.heard_from_marks and self._packets >= HEARD_MARK_PACKETS:
+                        out.append(self._mark(f"h{len(self.stats.marks)}", now_ns))
                 if not self.heard_from_marks:
                     self.session.playout.sent(now_ns)
             elif self._talking:
