@@ -1,6 +1,7 @@
 """One call's RTP media bound to a session, sans-I/O: ``receive(datagram, now)`` takes the
 caller's packets (G.711 through the jitter buffer into the session, RFC 4733 DTMF), and
-``tick(now)`` returns the datagrams due by ``now`` on the shared pacer's 20 ms schedule.
+``tick(now)`` returns the datagrams due by ``now`` on the shared pacer's 20 ms schedule: the
+agent's audio, or, while ``send_dtmf`` presses keys, RFC 4733 events in the same stream.
 Malformed packets are dropped and counted; nothing a peer sends can raise out of here.
 
 Given the offer's ``remote`` address, packets are taken only from the source the
@@ -12,9 +13,12 @@ a new stream after the old one stops; a stream that is still sending is never ta
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
+from agent.control import NotSupported
 from agent.frames import Dtmf, Interrupt
+from agent.pacer import EARLY_NS
 from agent.session import Session
 from transports.g711 import G711Codec
 from transports.narrowband import (
@@ -23,7 +27,7 @@ from transports.narrowband import (
     NarrowbandDecoder,
     NarrowbandPlayout,
 )
-from transports.rtp.dtmf import DtmfParseError, DtmfReceiver
+from transports.rtp.dtmf import DtmfParseError, DtmfReceiver, DtmfSender
 from transports.rtp.jitterbuffer import JitterBuffer
 from transports.rtp.latch import PeerLatch
 from transports.rtp.packet import Packetizer, RtpParseError, parse_rtp
@@ -53,6 +57,8 @@ class MediaStats:
     ssrc_changes: int = 0  # new SSRCs taken after the old one went quiet
     send_errors: int = 0  # packets the socket refused to send
     dtmf: str = ""
+    dtmf_packets_out: int = 0  # RFC 4733 event packets we sent (send_dtmf)
+    dtmf_sent: str = ""  # the digits we pressed
 
 
 class SsrcLock:
@@ -111,6 +117,8 @@ class RtpCall(NarrowbandCall):
         # a list here collects the payloads of our own packets a peer echoes back (loopback
         # diagnostics: proves what we sent arrived, and lets a test measure its energy)
         self.echo_payloads: list[bytes] | None = None
+        # digits to press, in order; the first is playing (see ``send_dtmf``)
+        self.dtmf_out: deque[DtmfSender] = deque()
         session.listen(self._on_frame, frozenset({Interrupt}))
 
     # --- caller → us -------------------------------------------------------------------------
@@ -180,11 +188,43 @@ class RtpCall(NarrowbandCall):
             self.session.push(Dtmf(press.digit, duration_ms=press.duration_ms))
 
     # --- us → caller -------------------------------------------------------------------------
+    def send_dtmf(self, digits: str, duration_ms: int = 100, gap_ms: int = 80) -> DtmfSender:
+        """Press ``digits`` on the line as RFC 4733 events with the payload type the offer
+        gave telephone-event, after any digits already queued; the returned sender is
+        ``done`` once its last end packet is out. While digits play, the agent's audio is
+        held where it is (not dropped, not sent over a digit: an IVR would hear voice on top
+        of its tone) and goes on after the last one; the gaps between digits carry what
+        quiet packet times carry (comfort silence, or nothing)."""
+        if self.dtmf_payload_type is None:
+            raise NotSupported("the caller's SDP has no telephone-event: this call cannot "
+                               "send keypad digits")
+        sender = DtmfSender(digits, self.dtmf_payload_type, duration_ms, gap_ms)
+        self.dtmf_out.append(sender)
+        return sender
+
+    def _held_slots(self, now_ns: int) -> list[list[bytes] | None]:
+        """The packet times due while digits play: the pacer keeps its schedule, but the
+        playout reads as paused for this tick, so nothing of the agent's audio is taken (and
+        the echo reference hears silence, which is what the caller's line carries)."""
+        pacer = self._outbound.pacer
+        due = pacer.due_ns
+        if due is not None and now_ns < due - EARLY_NS:
+            return []  # (the pacer restarts an idle schedule early for waiting audio)
+        playout = self.session.playout
+        paused = playout.paused
+        playout.paused = True
+        try:
+            frames = pacer.tick(now_ns)
+        finally:
+            playout.paused = paused
+        return [None] * len(frames)
+
     def tick(self, now_ns: int) -> list[bytes]:
         """The datagrams due by ``now_ns``: per packet time one packet of agent audio, else
-        comfort silence; and caller silence into the session while the caller is quiet on
-        the wire."""
-        slots = self._outbound.tick(now_ns)
+        comfort silence, or while digits play their events; and caller silence into the
+        session while the caller is quiet on the wire."""
+        dtmf = self.dtmf_out
+        slots = self._held_slots(now_ns) if dtmf else self._outbound.tick(now_ns)
         pacer, stats, packetizer = self._outbound.pacer, self.stats, self._packetizer
         if pacer.dropped != self._dropped:  # a resync: the RTP clock skips what was given up
             packetizer.skip(pacer.dropped - self._dropped)
@@ -197,7 +237,17 @@ class RtpCall(NarrowbandCall):
                 stats.silence_filled += 1
                 if len(pcm):
                     self.session.send_audio(pcm, now_ns)
-            if payloads:
+            if payloads is None:  # a packet time of the digits
+                self._talking = False  # the agent's next packet starts a talkspurt
+                event = self._dtmf_slot(packetizer) if dtmf else None
+                if event is not None:
+                    out.append(event)
+                    stats.dtmf_packets_out += 1
+                elif self.send_silence:
+                    out.append(packetizer.packet(self._silence).to_bytes())
+                else:
+                    packetizer.skip()
+            elif payloads:
                 for p in payloads:
                     out.append(packetizer.packet(p, marker=not self._talking).to_bytes())
                     self._talking = True
@@ -211,3 +261,14 @@ class RtpCall(NarrowbandCall):
                     packetizer.skip()
         stats.packets_out += len(out)
         return out
+
+    def _dtmf_slot(self, packetizer: Packetizer) -> bytes | None:
+        """The first queued sender's packet for this packet time, or None for a gap."""
+        sender = self.dtmf_out[0]
+        begun = len(sender.sent)
+        data = sender.next(packetizer)
+        if len(sender.sent) != begun:
+            self.stats.dtmf_sent += sender.sent[begun:]
+        if sender.done:
+            self.dtmf_out.popleft()
+        return data

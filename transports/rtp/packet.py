@@ -96,10 +96,14 @@ class Packetizer:
         self.packets = 0
         self.octets = 0
 
-    def packet(self, payload: bytes, marker: bool = False) -> RtpPacket:
-        """The next packet; the timestamp advances one packet's worth of samples."""
-        pkt = RtpPacket(self.payload_type, self.sequence, self.timestamp, self.ssrc, payload,
-                        marker)
+    def packet(self, payload: bytes, marker: bool = False, payload_type: int | None = None,
+               timestamp: int | None = None) -> RtpPacket:
+        """The next packet; the timestamp advances one packet's worth of samples. Another
+        ``payload_type`` and ``timestamp`` make a packet of another format in the same stream
+        (an RFC 4733 event keeps its start time while the clock goes on)."""
+        pkt = RtpPacket(self.payload_type if payload_type is None else payload_type,
+                        self.sequence, self.timestamp if timestamp is None else timestamp,
+                        self.ssrc, payload, marker)
         self.sequence = (self.sequence + 1) & 0xFFFF
         self.timestamp = (self.timestamp + self.samples_per_packet) & 0xFFFFFFFF
         self.packets += 1

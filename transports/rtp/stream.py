@@ -13,10 +13,12 @@ import asyncio
 import logging
 import time
 
+from agent.control import CallControlError
 from agent.pacer import Pacer
 from agent.session import Session
 from transports.g711 import G711Codec
 from transports.rtp.call import MediaStats, RtpCall
+from transports.rtp.dtmf import DtmfSender
 from transports.rtp.jitterbuffer import JitterBuffer
 
 log = logging.getLogger("voxline.rtp")
@@ -41,6 +43,9 @@ class RtpMediaStream(asyncio.DatagramProtocol):
         self.started_ns = 0  # when sending began (the call was ACKed); 0: not yet
         self._transport: asyncio.DatagramTransport | None = None
         self._sender: asyncio.Task[None] | None = None
+        # digits being pressed and who waits for them (``send_dtmf``)
+        self._dtmf_waiters: list[tuple[DtmfSender, asyncio.Future[None]]] = []
+        self.closed = False
 
     @property
     def stats(self) -> MediaStats:
@@ -104,10 +109,36 @@ class RtpMediaStream(asyncio.DatagramProtocol):
             self.started_ns = time.monotonic_ns()
             self._sender = asyncio.get_running_loop().create_task(self._send_loop())
 
+    async def send_dtmf(self, digits: str, duration_ms: int = 100, gap_ms: int = 80) -> None:
+        """Press ``digits`` (see :meth:`RtpCall.send_dtmf`) and return once the last one's end
+        packets are sent; raises :class:`~agent.control.NotSupported` when the call has no
+        telephone-event, ``ValueError`` for a bad digit or length, and
+        :class:`~agent.control.CallControlError` when the call ends first. Cancelled, it ends
+        the digit being played properly and presses no more."""
+        if self.closed:
+            raise CallControlError("the call has ended")
+        sender = self.call.send_dtmf(digits, duration_ms, gap_ms)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._dtmf_waiters.append((sender, done))
+        try:
+            await done
+        except asyncio.CancelledError:
+            sender.stop()
+            raise
+        finally:
+            self._dtmf_waiters = [(s, f) for s, f in self._dtmf_waiters if f is not done]
+
+    def _dtmf_settled(self) -> None:
+        for sender, done in self._dtmf_waiters:
+            if sender.done and not done.done():
+                done.set_result(None)
+
     async def _send_loop(self) -> None:
         call, stats = self.call, self.call.stats
         while True:
             packets = call.tick(time.monotonic_ns())
+            if self._dtmf_waiters:
+                self._dtmf_settled()
             transport = self._transport
             if transport is not None and not transport.is_closing():
                 target = call.target or self.remote
@@ -125,7 +156,11 @@ class RtpMediaStream(asyncio.DatagramProtocol):
     async def close(self) -> None:
         """Stop sending and close the socket; never raises (what the sender died of is
         logged), so the caller's session close always follows."""
+        self.closed = True
         sender, self._sender = self._sender, None
+        for _, done in self._dtmf_waiters:
+            if not done.done():
+                done.set_exception(CallControlError("the call ended before the digits were sent"))
         try:
             if sender is not None:
                 sender.cancel()

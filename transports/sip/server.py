@@ -1,8 +1,10 @@
 """The asyncio UDP shell around the sans-I/O ``UserAgentServer``: one SIP socket for every call,
 one RTP socket and one ``Session`` per call, created on INVITE and freed on BYE or CANCEL, or
 when the agent hangs up (a BYE of ours, once its last words have played), or when the caller's
-RTP stops for ``rtp_timeout_s``, or at shutdown. However a call ends — whatever its media task
-raised — its session is closed: its ASR slot, tasks and RTP socket are freed."""
+RTP stops for ``rtp_timeout_s``, or when a transfer of it succeeded (``"transferred"``), or at
+shutdown. However a call ends — whatever its media task raised — its session is closed: its ASR
+slot, tasks and RTP socket are freed. An established call's session gets a
+:class:`~transports.sip.control.SipCallControl` as ``session.control``."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.control import CallControlError
 from agent.errors import CapacityError
 from agent.ops import Check, Health, OpsEndpoints, Sample
 from agent.session import Session
@@ -25,7 +28,9 @@ from transports.lifecycle import CallLifecycle
 from transports.ratelimit import InviteRateLimit
 from transports.rtp.call import MediaStats
 from transports.rtp.stream import RtpMediaStream
+from transports.sip.control import SipCallControl
 from transports.sip.sdp import build_answer
+from transports.sip.transfer import TRANSFER_TIMEOUT_S
 from transports.sip.uas import (
     ACK_TIMEOUT_S,
     BUSY_RETRY_AFTER_S,
@@ -38,6 +43,7 @@ from transports.sip.uas import (
     MediaChanged,
     Network,
     Outgoing,
+    TransferEnded,
     UserAgentServer,
 )
 
@@ -63,6 +69,7 @@ class SipCall:
     started: float = field(default_factory=time.monotonic)
     hangup_watch: asyncio.Task[None] | None = None  # waits for the agent to end the call
     ending: bool = False  # a hang-up of ours is under way
+    transfer: asyncio.Future[str] | None = None  # the outcome of a REFER under way
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,6 +98,10 @@ class SipServer(asyncio.DatagramProtocol):
     networks an offer may name for its media besides the INVITE's source; ``rtp_timeout_s``
     of caller silence on the wire ends a call (0: never); ``ack_timeout_s`` ends an answered
     call that is never ACKed.
+
+    Transfers (``session.control.transfer``): ``transfer_to`` is the target when the agent
+    names none; ``transfer_timeout_s`` is how long the caller's new call may take to be
+    answered before the transfer counts as failed (the call goes on).
     """
 
     def __init__(
@@ -112,6 +123,8 @@ class SipServer(asyncio.DatagramProtocol):
         ack_timeout_s: float = ACK_TIMEOUT_S,
         setup_timeout_s: float = SETUP_TIMEOUT_S,
         ready_checks: tuple[Check, ...] = (),
+        transfer_to: str = "",
+        transfer_timeout_s: float = TRANSFER_TIMEOUT_S,
     ) -> None:
         self.session_factory = session_factory
         self.host, self.port = host, port
@@ -121,6 +134,8 @@ class SipServer(asyncio.DatagramProtocol):
         self.on_end = on_end
         self.rtp_timeout_s = rtp_timeout_s
         self.setup_timeout_s = setup_timeout_s
+        self.transfer_to = transfer_to
+        self.transfer_timeout_s = transfer_timeout_s
         self.uas = UserAgentServer(
             host, port, max_calls=max_calls, media_peers=media_peers,
             invite_rate=InviteRateLimit(invite_rate, invite_burst),
@@ -218,6 +233,42 @@ class SipServer(asyncio.DatagramProtocol):
         self._send(self.uas.hangup(call_id, reason))
         await self._end(call_id, reason)
 
+    async def transfer(self, call_id: str, target: str) -> str:
+        """Blind-transfer a call (see :class:`~transports.sip.control.SipCallControl`):
+        returns ``"transferred to URI"`` once the caller's new call is answered (the BYE and
+        the end of the call, reason ``"transferred"``, follow on their own task, so a stage of
+        the call may await this); raises ``CallControlError`` when it failed, and
+        ``TransferError`` when it cannot be asked for."""
+        call = self.calls.get(call_id)
+        if call is None or call.ending:
+            raise CallControlError("the call has ended")
+        out = self.uas.refer(call_id, target, time.monotonic(), self.transfer_timeout_s)
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(_retrieved)  # (nobody may be waiting when it fails)
+        call.transfer = done
+        self._send(out)
+        # (shielded: a caller that stops waiting leaves the transfer running, and its outcome
+        # still ends the call when it worked)
+        return await asyncio.shield(done)
+
+    def _transferred(self, ev: TransferEnded) -> None:
+        call = self.calls.get(ev.call_id)
+        if call is None:
+            return
+        done, call.transfer = call.transfer, None
+        outcome = ev.outcome
+        if outcome.ok:
+            log.info("call %s: %s", ev.call_id, outcome.detail)
+            if done is not None and not done.done():
+                done.set_result(outcome.detail)
+            if not call.ending:
+                call.ending = True
+                self._spawn(self.hangup(ev.call_id, "transferred"))
+        else:
+            log.warning("call %s: %s", ev.call_id, outcome.detail)
+            if done is not None and not done.done():
+                done.set_exception(CallControlError(outcome.detail))
+
     async def _watch_hangup(self, call: SipCall) -> None:
         """A stage of the call's pipeline ended it: BYE once its last words have played."""
         reason = await call.life.agent_hangup()
@@ -275,7 +326,11 @@ class SipServer(asyncio.DatagramProtocol):
             elif isinstance(ev, CallEstablished):
                 call = self.calls.get(ev.call_id)
                 if call is not None:
+                    call.session.control = SipCallControl(self, call.call_id, call.media,
+                                                          self.transfer_to)
                     call.media.start()
+            elif isinstance(ev, TransferEnded):
+                self._transferred(ev)
             elif isinstance(ev, MediaChanged):
                 call = self.calls.get(ev.call_id)
                 if call is not None:
@@ -394,6 +449,9 @@ class SipServer(asyncio.DatagramProtocol):
             return
         if call.hangup_watch is not None and call.hangup_watch is not asyncio.current_task():
             call.hangup_watch.cancel()
+        if call.transfer is not None and not call.transfer.done():
+            call.transfer.set_exception(CallControlError(
+                f"the call ended ({reason}) before the transfer was answered"))
         self._ending.add(call_id)  # (still live for a drain until its end record is out)
         try:
             self._report(call, reason, await self._release(call.media, call.life, reason))
@@ -426,3 +484,8 @@ class SipServer(asyncio.DatagramProtocol):
 def _rtp_dropped(st: MediaStats) -> dict[str, int]:
     return {"foreign": st.foreign, "stray_ssrc": st.stray_ssrc, "malformed": st.malformed,
             "send_errors": st.send_errors}
+
+
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled():
+        done.exception()

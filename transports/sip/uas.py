@@ -10,6 +10,10 @@ is over its INVITE rate or already has ``burst`` calls not yet ACKed, or when th
 is reached (503, not 486 Busy Here: the limit is this server's capacity, not a callee on
 another call, and 503 lets a proxy or trunk fail over to another server); with 488 when the
 offer's media address is one we will not send to (see :meth:`UserAgentServer.media_refusal`).
+
+A confirmed call can be transferred (:meth:`UserAgentServer.refer`): a REFER inside the dialog,
+its answer and the NOTIFYs that follow are run by :class:`~transports.sip.transfer.Transfer`,
+and the outcome comes out as a :class:`TransferEnded` event.
 """
 
 from __future__ import annotations
@@ -28,13 +32,21 @@ from transports.sip.message import (
     response_to,
 )
 from transports.sip.sdp import MediaAnswer, MediaOffer, SdpError, choose, parse_offer
+from transports.sip.transfer import (
+    TRANSFER_TIMEOUT_S,
+    Transfer,
+    TransferError,
+    TransferOutcome,
+    name_addr_uri,
+    refer_target,
+)
 
 Address = tuple[str, int]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 T1_S = 0.5  # RFC 3261 timer T1: first 2xx retransmission interval
 T2_S = 4.0  # cap of the doubling interval
 ACK_TIMEOUT_S = 64 * T1_S  # timer H: give up on a missing ACK
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
 BUSY_RETRY_AFTER_S = 5  # a full server: calls end within minutes, a retry soon may fit
 SHUTDOWN_RETRY_AFTER_S = 30  # a server going down: a restart takes longer
 
@@ -74,7 +86,16 @@ class CallEnded:
     reason: str  # "bye" | "cancel" | "no-ack" | "hangup"
 
 
-Event = Outgoing | CallOffered | CallEstablished | MediaChanged | CallEnded
+@dataclass(slots=True, frozen=True)
+class TransferEnded:
+    """The outcome of :meth:`UserAgentServer.refer`: the call still stands either way (on
+    success the shell hangs up: the caller is talking to the target now)."""
+
+    call_id: str
+    outcome: TransferOutcome
+
+
+Event = Outgoing | CallOffered | CallEstablished | MediaChanged | CallEnded | TransferEnded
 
 
 @dataclass(slots=True)
@@ -92,6 +113,8 @@ class Dialog:
     retransmit_at: float = 0.0
     interval: float = T1_S
     answered_at: float = 0.0
+    local_cseq: int = 0  # the CSeq of our last request in the dialog (starts at the INVITE's)
+    transfer: Transfer | None = None  # the dialog's last REFER
 
 
 class UserAgentServer:
@@ -143,7 +166,7 @@ class UserAgentServer:
         except SipParseError as err:
             return self._bad(data, err, addr)
         if not msg.is_request:
-            return []  # responses to our BYE; nothing to do
+            return self._response(msg, now)
         required = msg.header("Require")
         if required and msg.method not in ("ACK", "CANCEL"):
             # we implement no SIP extension (100rel, timer, ...): RFC 3261 §8.2.2.3
@@ -152,7 +175,7 @@ class UserAgentServer:
             return [Outgoing(resp.to_bytes(), addr)]
         handler = {
             "INVITE": self._invite, "ACK": self._ack, "BYE": self._bye,
-            "CANCEL": self._cancel, "OPTIONS": self._options,
+            "CANCEL": self._cancel, "OPTIONS": self._options, "NOTIFY": self._notify,
         }.get(msg.method)
         if handler is None:
             resp = self._reply(msg, 501, "Not Implemented", extra=[("Allow", ALLOW)])
@@ -241,7 +264,7 @@ class UserAgentServer:
         if refusal:
             return self._refuse(req, addr, 488, "Not Acceptable Here", warning=refusal)
         dlg = Dialog(req, addr, secrets.token_hex(6), header_tag(req.header("From")), source,
-                     (offer.address, offer.port))
+                     (offer.address, offer.port), local_cseq=req.cseq[0])
         self.dialogs[cid] = dlg
         trying = self._reply(req, 100, "Trying").to_bytes()
         ringing = self._reply(req, 180, "Ringing", dlg.to_tag, [("Contact", self.contact)])
@@ -332,6 +355,33 @@ class UserAgentServer:
             out += [Outgoing(dlg.final, dlg.addr), CallEnded(req.call_id, "cancel")]
         return out
 
+    def _response(self, resp: SipMessage, now: float) -> list[Event]:
+        """A response to a request of ours: a REFER's goes to its transfer (matched by CSeq
+        and Via branch, RFC 3261 §17.1.3); the rest (our BYE's) need nothing."""
+        number, method = resp.cseq
+        dlg = self.dialogs.get(resp.call_id)
+        transfer = dlg.transfer if dlg is not None else None
+        if (method != "REFER" or transfer is None or number != transfer.cseq
+                or _branch(resp.header("Via")) != transfer.branch):
+            return []
+        outcome = transfer.on_response(resp)
+        return [TransferEnded(resp.call_id, outcome)] if outcome is not None else []
+
+    def _notify(self, req: SipMessage, addr: Address, now: float) -> list[Event]:
+        """A NOTIFY of the refer subscription our REFER made (RFC 3515 §2.4.4); any other
+        NOTIFY has no subscription here (481)."""
+        dlg = self.dialogs.get(req.call_id)
+        if dlg is None or not self._matches(dlg, req) or dlg.transfer is None:
+            return self._no_dialog(req, addr)
+        answer, outcome = dlg.transfer.on_notify(req)
+        if answer.status >= 300:
+            self.rejected[answer.status] = self.rejected.get(answer.status, 0) + 1
+        resp = self._reply(req, answer.status, answer.reason, dlg.to_tag, list(answer.headers))
+        out: list[Event] = [Outgoing(resp.to_bytes(), addr)]
+        if outcome is not None:
+            out.append(TransferEnded(req.call_id, outcome))
+        return out
+
     def _options(self, req: SipMessage, addr: Address, now: float) -> list[Event]:
         resp = self._reply(req, 200, "OK", secrets.token_hex(6), [
             ("Allow", ALLOW), ("Accept", "application/sdp"), ("Contact", self.contact),
@@ -365,13 +415,11 @@ class UserAgentServer:
         resp = self._reply(dlg.invite, status, reason, dlg.to_tag, extra)
         return [Outgoing(resp.to_bytes(), dlg.addr)]
 
-    def hangup(self, call_id: str, reason: str = "") -> list[Outgoing]:
-        """We end the call: a BYE inside the dialog (From and To swap roles). A ``reason``
-        (``idle``) goes in an RFC 3326 ``Reason`` header as normal call clearing (Q.850
-        cause 16) with the reason as its text."""
-        dlg = self.dialogs.pop(call_id, None)
-        if dlg is None or dlg.state not in ("answered", "confirmed"):
-            return []
+    def _request(self, dlg: Dialog, method: str,
+                 extra: list[tuple[str, str]]) -> tuple[SipMessage, str]:
+        """A request of ours inside ``dlg`` (From and To swap roles, the next local CSeq),
+        to the caller's Contact, through the INVITE's Record-Route set (loose routing); and
+        its Via branch."""
         inv = dlg.invite
         target = inv.header("Contact").strip("<>").split(">")[0] or inv.header("From")
         if "<" in target:
@@ -379,23 +427,68 @@ class UserAgentServer:
         to = inv.header("To")
         if not header_tag(to):
             to = f"{to};tag={dlg.to_tag}"
+        dlg.local_cseq += 1
+        branch = f"z9hG4bK{secrets.token_hex(8)}"
         headers = [
-            ("Via", f"SIP/2.0/UDP {self.host}:{self.port};branch=z9hG4bK{secrets.token_hex(8)}"),
+            ("Via", f"SIP/2.0/UDP {self.host}:{self.port};branch={branch}"),
+            *(("Route", r) for r in inv.header_values("Record-Route")),
             ("Max-Forwards", "70"), ("From", to), ("To", inv.header("From")),
-            ("Call-ID", inv.call_id), ("CSeq", f"{inv.cseq[0] + 1} BYE"),
-            ("User-Agent", self.user_agent),
+            ("Call-ID", inv.call_id), ("CSeq", f"{dlg.local_cseq} {method}"),
+            ("User-Agent", self.user_agent), *extra,
         ]
+        return SipMessage(method=method, uri=target.strip(), headers=headers), branch
+
+    def hangup(self, call_id: str, reason: str = "") -> list[Outgoing]:
+        """We end the call: a BYE inside the dialog (From and To swap roles). A ``reason``
+        (``idle``) goes in an RFC 3326 ``Reason`` header as normal call clearing (Q.850
+        cause 16) with the reason as its text."""
+        dlg = self.dialogs.pop(call_id, None)
+        if dlg is None or dlg.state not in ("answered", "confirmed"):
+            return []
+        extra = []
         if reason:
             text = "".join(c for c in reason if c.isprintable() and c not in '"\\')[:64]
-            headers.append(("Reason", f'Q.850;cause=16;text="{text}"'))
-        bye = SipMessage(method="BYE", uri=target.strip(), headers=headers)
+            extra.append(("Reason", f'Q.850;cause=16;text="{text}"'))
+        bye, _ = self._request(dlg, "BYE", extra)
         return [Outgoing(bye.to_bytes(), dlg.addr)]
+
+    def refer(self, call_id: str, target: str, now: float,
+              timeout_s: float = TRANSFER_TIMEOUT_S) -> list[Outgoing]:
+        """Blind-transfer the caller to ``target`` (a URI, or a number or name made one by
+        :func:`~transports.sip.transfer.refer_target`): a REFER in the dialog, retransmitted
+        by ``poll`` until answered; its outcome is a :class:`TransferEnded` from ``receive``
+        (the NOTIFYs) or ``poll`` (refused, or nothing final within ``timeout_s``). Raises
+        :class:`~transports.sip.transfer.TransferError` when the call cannot be transferred
+        now or the target is refused."""
+        dlg = self.dialogs.get(call_id)
+        if dlg is None:
+            raise TransferError("the call has ended")
+        if dlg.state != "confirmed":
+            raise TransferError("the call is not set up yet (no ACK)")
+        if dlg.transfer is not None and not dlg.transfer.finished:
+            raise TransferError(f"a transfer to {dlg.transfer.target} is already under way")
+        uri = refer_target(target, dlg.invite.header("From"), _hostport(dlg.addr))
+        me = name_addr_uri(dlg.invite.header("To")) or self.contact.strip("<>")
+        refer, branch = self._request(dlg, "REFER", [
+            ("Contact", self.contact), ("Refer-To", f"<{uri}>"),
+            ("Referred-By", f"<{me}>"),
+        ])
+        data = refer.to_bytes()
+        dlg.transfer = Transfer(uri, dlg.local_cseq, branch, data, now, timeout_s)
+        return [Outgoing(data, dlg.addr)]
 
     def poll(self, now: float) -> list[Event]:
         """Timers: retransmit unacknowledged 200 OKs (doubling up to T2) and give up after
-        ``ack_timeout_s`` (32 s: timer H)."""
+        ``ack_timeout_s`` (32 s: timer H); retransmit an unanswered REFER (timer E) and end
+        a transfer that runs out of time."""
         out: list[Event] = []
         for cid, dlg in list(self.dialogs.items()):
+            if dlg.transfer is not None and not dlg.transfer.finished:
+                due = dlg.transfer.poll(now)
+                if isinstance(due, bytes):
+                    out.append(Outgoing(due, dlg.addr))
+                elif due is not None:
+                    out.append(TransferEnded(cid, due))
             if dlg.state != "answered" or not dlg.retransmit_at or now < dlg.retransmit_at:
                 continue
             if now - dlg.answered_at >= self.ack_timeout_s:
@@ -411,3 +504,17 @@ class UserAgentServer:
 def _quotable(text: str) -> str:
     """``text`` fit for a quoted-string header value: printable, no quote or backslash."""
     return "".join(c for c in text if c.isprintable() and c not in '"\\')[:160]
+
+
+def _branch(via: str) -> str:
+    """The ``branch`` parameter of a Via header value."""
+    for param in via.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "branch":
+            return value.strip()
+    return ""
+
+
+def _hostport(addr: Address) -> str:
+    host = addr[0]
+    return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
