@@ -7,6 +7,7 @@ import os
 import time
 
 from agent.commands.operate import add_ops_flags, check_ops_flags
+from agent.commands.telephony import add_twilio_transfer_flags
 from agent.config import Config, add_config_flags, config_from_args
 
 
@@ -53,6 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the Twilio account's auth token (better: $TWILIO_AUTH_TOKEN), to check "
                         "Twilio's X-Twilio-Signature on the TwiML and the media stream; required "
                         "with --twilio off loopback or with --public-url")
+    add_twilio_transfer_flags(p)
     p.add_argument("--record", metavar="DIR", default="",
                    help="record every call in DIR as it goes: <session>.wav (stereo: caller "
                         "left, agent right, as heard) and <session>.jsonl (its trace)")
@@ -119,7 +121,9 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
     if args.twilio:
         from transports.twilio.mount import add_twilio_routes
 
-        add_twilio_routes(server.app, lambda start: new_session(True), server.admission)
+        add_twilio_routes(server.app, lambda start: new_session(True), server.admission,
+                          twilio_account_sid=args.twilio_account_sid,
+                          twilio_api_base=args.twilio_api_base)
     t_load = time.monotonic()
     models = load_models(cfg)
     telemetry.metrics.add_source(models.asr.metric_samples)

@@ -50,6 +50,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="calls one source address may hold at once; 0 no limit besides "
                           "--max-calls (default: a trunk or PBX brings every call from one "
                           "address)")
+    sip.add_argument("--transfer-to", default="", metavar="URI",
+                     help="where the agent transfers a caller (SIP REFER) when it names no "
+                          "target: a SIP URI, or a number or name, which becomes a SIP URI at "
+                          "the caller's host (default: none)")
+    sip.add_argument("--transfer-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="how long a transferred caller's new call may take to be answered "
+                          "before the transfer counts as failed and the call goes on "
+                          "(default 30)")
     add_ops_flags(sip, http_port=False)
     _add_call_output_flags(sip, main_sip)
 
@@ -60,7 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "that connects a call to it on GET /twilio/twiml (set the number's voice webhook to "
         "that URL with method GET, behind a public HTTPS address). Both check Twilio's "
         "X-Twilio-Signature with the account's auth token, which is required off loopback or "
-        "with --public-url.",
+        "with --public-url. The agent transfers a call through Twilio's REST API when "
+        "--twilio-account-sid is given, else through GET /twilio/action, which the TwiML "
+        "redirects to once the stream ends.",
     )
     tw.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     tw.add_argument("--port", type=int, default=8080, help="HTTP/WebSocket port (default 8080)")
@@ -73,8 +83,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "Twilio's request signatures; required off loopback or with --public-url")
     tw.add_argument("--max-calls", type=int, default=100,
                     help="media streams at once; the TwiML answers busy beyond (default 100)")
+    add_twilio_transfer_flags(tw)
     add_ops_flags(tw)
     _add_call_output_flags(tw, main_twilio)
+
+
+def add_twilio_transfer_flags(p: argparse.ArgumentParser) -> None:
+    """How the agent hands a Twilio call over (``voxline twilio``, ``voxline serve --twilio``)."""
+    p.add_argument("--twilio-account-sid", default=os.environ.get("TWILIO_ACCOUNT_SID", ""),
+                   metavar="SID",
+                   help="the Twilio account's SID (AC…; or $TWILIO_ACCOUNT_SID): with the auth "
+                        "token, a transfer is one REST \"update call\" request; without, the "
+                        "call is handed to its <Dial> after its stream, through the TwiML's "
+                        "<Redirect> to /twilio/action")
+    p.add_argument("--twilio-api-base", default=os.environ.get("TWILIO_API_BASE", "")
+                   or "https://api.twilio.com", metavar="URL",
+                   help="Twilio's REST API (default https://api.twilio.com; or "
+                        "$TWILIO_API_BASE); https only, except on loopback")
 
 
 def _add_call_output_flags(p: argparse.ArgumentParser, func: object) -> None:
@@ -226,6 +251,15 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
     if args.invite_burst < 1 or args.max_calls_per_source < 0 or args.rtp_timeout < 0:
         raise ConfigError("--invite-burst must be at least 1; --max-calls-per-source and "
                           "--rtp-timeout at least 0")
+    if args.transfer_timeout <= 0:
+        raise ConfigError("--transfer-timeout must be more than 0 seconds")
+    if args.transfer_to:
+        from transports.sip.transfer import TransferError, refer_target
+
+        try:  # (a bare number or name is checked here against a stand-in caller host)
+            refer_target(args.transfer_to, "<sip:caller@localhost>")
+        except TransferError as err:
+            raise ConfigError(f"--transfer-to: {err}") from None
     printer = CallPrinter(args.json)
     telemetry = Telemetry("sip", args)
     models = _load(cfg)
@@ -243,7 +277,8 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
             "rtp_send_errors": r.media.send_errors}),
         media_peers=media_peers, invite_rate=invite_rate, invite_burst=args.invite_burst,
         max_calls_per_source=args.max_calls_per_source, rtp_timeout_s=args.rtp_timeout,
-        ready_checks=(slot_check(models.asr),),
+        ready_checks=(slot_check(models.asr),), transfer_to=args.transfer_to,
+        transfer_timeout_s=args.transfer_timeout,
     )
     server.ops.metrics = telemetry.metrics.render
     telemetry.metrics.add_source(server.metric_samples)
@@ -293,6 +328,7 @@ async def _serve_twilio(args: argparse.Namespace, cfg: Config) -> int:
     server = TwilioServer(
         session_factory(cfg, models, printer, args.record), host=args.host, port=args.port,
         public_url=args.public_url, twilio_auth_token=args.twilio_auth_token,
+        twilio_account_sid=args.twilio_account_sid, twilio_api_base=args.twilio_api_base,
         max_calls=args.max_calls,
         on_end=lambda r: printer.emit(r.summary.get("session", r.stream_sid), {
             "type": "call", "state": "ended", "reason": r.reason,

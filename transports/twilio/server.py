@@ -1,7 +1,8 @@
 """The asyncio shell of Twilio Media Streams on ``websockets``: ``handle_media_stream`` serves one
 WebSocket (mountable in any server that gives a websockets-style connection), and
-``TwilioServer`` runs it standalone, with the TwiML endpoint on the same port (HTTP GET), both
-behind one admission (Twilio's signature, a call limit).
+``TwilioServer`` runs it standalone, with the TwiML endpoint and the action endpoint (what a
+call does after its stream: a transfer's ``<Dial>``) on the same port (HTTP GET), all behind one
+admission (Twilio's signature, a call limit).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from agent.session import Session
 from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
 from transports.lifecycle import CallLifecycle
 from transports.twilio.call import TwilioCall, TwilioCallStats
+from transports.twilio.control import TRANSFERRED, TwilioCallControl
+from transports.twilio.handover import TransferBook, check_action_request
 from transports.twilio.messages import Start, Stop, TwilioMessageError, parse_message
+from transports.twilio.rest import DEFAULT_API_BASE, TwilioRest
 from transports.twilio.twiml import connect_stream_twiml, reject_twiml
 
 REPORTS_KEPT = 100  # end records a server keeps in memory (its on_end callback sees all)
@@ -47,7 +51,8 @@ class MessageSocket(Protocol):
 class TwilioCallReport:
     stream_sid: str
     call_sid: str
-    reason: str  # "stop" | "disconnected" | the agent's hang-up reason ("idle", "agent")
+    # "stop" | "disconnected" | "transferred" | the agent's hang-up reason ("idle", "agent")
+    reason: str
     stats: TwilioCallStats
     malformed: int
     heard_lags_ms: list[float]
@@ -60,10 +65,16 @@ async def handle_media_stream(
     session_factory: SessionFactory,
     on_call: Callable[[TwilioCall], None] | None = None,
     heard_from_marks: bool = True,
+    rest: TwilioRest | None = None,
+    book: TransferBook | None = None,
 ) -> TwilioCallReport | None:
     """Serve one media stream until Twilio's ``stop``, the socket closes or the agent hangs up
     (the stream is closed normally once its last words have played); the session is closed on
-    every path. Returns None when the peer never sent a ``start``."""
+    every path. Returns None when the peer never sent a ``start``.
+
+    The session's ``control`` is a :class:`TwilioCallControl`: it transfers through Twilio's
+    REST API with ``rest``, else through ``book`` when the call's TwiML came from our webhook.
+    """
     malformed = 0
 
     async def next_message() -> Any:
@@ -94,6 +105,9 @@ async def handle_media_stream(
     life = CallLifecycle(session, reason="disconnected")
     try:
         call = TwilioCall(session, start, heard_from_marks)
+        armed = book is not None and book.claim(start.call_sid, time.monotonic())
+        control = TwilioCallControl(call, session, rest, book, armed)
+        session.control = control
         if on_call is not None:
             on_call(call)
     except BaseException:
@@ -108,7 +122,9 @@ async def handle_media_stream(
                 async with asyncio.timeout(IDLE_TIMEOUT_S):
                     msg = await next_message()
                 call.receive(msg, time.monotonic_ns())
-            if not call.hanging_up:
+            if control.transferred:  # Twilio ended the stream to run the transfer's <Dial>
+                life.reason = TRANSFERRED
+            elif not call.hanging_up:
                 life.reason = "hangup"
         except TimeoutError:
             life.reason = "idle"
@@ -159,7 +175,12 @@ class TwilioServer:
     Both go through one :class:`~transports.admission.Admission`: Twilio's signature is checked
     when ``twilio_auth_token`` is given (and must be, unless the server is on loopback without a
     public URL), and at most ``max_calls`` streams run at once (the TwiML answers busy beyond it,
-    a media stream gets 503)."""
+    a media stream gets 503).
+
+    Transfers: with ``twilio_account_sid`` (and the auth token) through Twilio's REST API at
+    ``twilio_api_base``; without, the TwiML gets a ``<Redirect>`` to ``GET action_path``, which
+    answers a transferred call's ``<Dial>`` once its stream has closed (signed like the
+    webhook; never refused for want of room: the call is already ours)."""
 
     def __init__(
         self,
@@ -174,14 +195,20 @@ class TwilioServer:
         twilio_auth_token: str = "",
         max_calls: int = 100,
         ready_checks: tuple[Check, ...] = (),
+        twilio_account_sid: str = "",
+        twilio_api_base: str = DEFAULT_API_BASE,
+        action_path: str = "/twilio/action",
     ) -> None:
         self.session_factory = session_factory
         self.host, self.port = host, port
-        self.media_path, self.twiml_path = media_path, twiml_path
+        self.media_path, self.twiml_path, self.action_path = media_path, twiml_path, action_path
         self.on_call, self.on_end = on_call, on_end
         self.admission = Admission(host, max_calls=max_calls, public_url=public_url,
                                    twilio_auth_token=twilio_auth_token)
         self.admission.require_twilio()  # fail at start-up, not on the first call
+        self.rest = (TwilioRest(twilio_account_sid, twilio_auth_token, twilio_api_base)
+                     if twilio_account_sid else None)
+        self.transfers = TransferBook()  # used when there is no REST client
         # the last REPORTS_KEPT calls' end records (a server runs for months: all of them
         # would grow without bound); ``ended`` counts every call
         self.reports: deque[TwilioCallReport] = deque(maxlen=REPORTS_KEPT)
@@ -249,6 +276,8 @@ class TwilioServer:
 
     def _http(self, connection: Any, request: Any) -> Any:
         path, _, query = request.path.partition("?")
+        if path == self.action_path:
+            return self._action(connection, request, query)
         if path == self.twiml_path:
             route = Route.TWILIO_WEBHOOK
         elif path == self.media_path:
@@ -266,10 +295,26 @@ class TwilioServer:
                 return self._xml(connection, reject_twiml("busy"))
             return connection.respond(decision.status, decision.text)
         if route is Route.TWILIO_WEBHOOK:
+            host = request.headers.get("Host", "")
+            then = ""
+            if self.rest is None:  # transfers go through the action endpoint after the stream
+                self.transfers.arm(dict(parse_qsl(query)).get("CallSid", ""), time.monotonic())
+                then = self.admission.public_base("http", host, websocket=False) + self.action_path
             return self._xml(connection, connect_stream_twiml(
-                self.stream_url(request.headers.get("Host", ""))))
+                self.stream_url(host), then_url=then, then_method="GET"))
         self._hold(connection, decision)
         return None  # the media WebSocket
+
+    def _action(self, connection: Any, request: Any, query: str) -> Any:
+        """Twilio asks what the call does now that its stream has ended (GET: the call's
+        parameters in the query string)."""
+        params = dict(parse_qsl(query, keep_blank_values=True))
+        refusal = check_action_request(self.admission, CallRequest(
+            Route.TWILIO_WEBHOOK, request.path, request.headers, params))
+        if refusal is not None:
+            return connection.respond(refusal.status, refusal.text)
+        return self._xml(connection, self.transfers.answer(params.get("CallSid", ""),
+                                                           time.monotonic()))
 
     @staticmethod
     def _xml(connection: Any, body: str) -> Any:
@@ -294,7 +339,8 @@ class TwilioServer:
     async def _handler(self, ws: Any) -> None:
         ticket = self._tickets.pop(ws, None)
         try:
-            report = await handle_media_stream(ws, self.session_factory, self.on_call)
+            report = await handle_media_stream(ws, self.session_factory, self.on_call,
+                                               rest=self.rest, book=self.transfers)
         except CapacityError as exc:  # refused for want of room: a line, not a traceback
             log.warning("Twilio media stream refused: %s", exc)
             return
