@@ -3,7 +3,9 @@ call (``voxline run --fast`` semantics, in one process so models load once), the
 p50/p95 over all turns and the WER of the ASR finals against the manifest's references — for
 each endpointing mode side by side in one run: ``fixed`` (today's before this change: a fixed
 300 ms silence, no preemption, first chunks of 3-6 words) and ``semantic`` (the defaults: the Smart Turn model at each
-pause, preemptive replies). Also, with the defaults: the share of LLM tokens generated for
+pause, preemptive replies) and ``tools`` (the defaults, with every turn forced to call a
+0.5 s table lookup, ``turn_tools.py``: the voice-to-voice of turns that call a tool, whose
+first audio is the filler or the answer, is reported on its own). Also, with the defaults: the share of LLM tokens generated for
 speculative replies and thrown away, the speech set mixed with recorded noise at 20 and 10 dB
 SNR (``vad_eos`` p95 against the clean run), and a 30-turn call (``llm_first_token`` of the
 last 10 turns against the first 10; ``long_call.py``).
@@ -54,6 +56,10 @@ MODES = {
     "fixed": {"turn.mode": "vad", "agent.preempt": False, "turn.resume_false_interrupts": False,
               "agent.min_first_chunk_words": 3, "agent.max_first_chunk_words": 6},
     "semantic": {},  # the defaults
+    # every turn calls a tool (forced: the embedded model would not choose one) that takes
+    # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
+    # the answer)
+    "tools": {"llm.tools": "turn_tools:TOOLS", "llm.tool_choice": "check_table"},
 }
 
 
@@ -63,6 +69,15 @@ def mode_config(base: Config, mode: str) -> Config:
         section, _, name = key.partition(".")
         setattr(getattr(cfg, section), name, value)
     return cfg
+
+
+def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
+    """The shared models with the mode's tools (``[llm] tools``)."""
+    import dataclasses
+
+    from agent.presets import load_tools
+
+    return dataclasses.replace(models, tools=load_tools(cfg, models.llm))
 
 
 async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarray | None = None) -> dict:
@@ -106,6 +121,7 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
             "partial_lag_ms": session.summary.get("partial_lag_ms", []),
             "wall_s": time.monotonic() - t0,
             "tokens": llm.tokens_generated, "tokens_discarded": llm.tokens_discarded,
+            "tool_calls": llm.tool_calls, "fillers": llm.fillers,
             "speculations": llm.speculations, "adopted": llm.adopted,
             "false_interrupts": turn.false_interrupts, "interrupts": turn.interrupts}
 
@@ -118,6 +134,9 @@ def percentiles(xs: list[float]) -> dict:
 async def run_set(cfg: Config, models, manifest: list[dict], label: str,
                   noise: np.ndarray | None = None, snr_db: float = 0.0) -> dict:
     spans: dict[str, list[float]] = {s: [] for s in SPANS}
+    tool_v2v: list[float] = []  # turns that called a tool
+    tool_calls = fillers = 0
+    models = mode_models(models, cfg)
     pairs_ls, pairs_all = [], []
     per_clip = []
     tokens = discarded = specs = adopted = 0
@@ -134,8 +153,14 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         pairs_all.append((m["text"], hyp))
         if m["id"].startswith("ls-"):
             pairs_ls.append((m["text"], hyp))
+        tool_calls += r["tool_calls"]
+        fillers += r["fillers"]
         for turn in r["turns"]:
             if turn.get("complete") and turn["kind"] == "turn":
+                if turn.get("info", {}).get("tools"):
+                    if "voice_to_voice" in turn["spans"]:
+                        tool_v2v.append(turn["spans"]["voice_to_voice"]["ms"])
+                    continue  # reported on their own
                 for k, v in turn["spans"].items():
                     spans.setdefault(k, []).append(v["ms"])
         spans["partial_lag"].extend(r["partial_lag_ms"])
@@ -150,6 +175,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "wer_all": corpus_wer(pairs_all),
         "ref_words_librispeech": sum(len(normalize(r)) for r, _ in pairs_ls),
         "spans_ms": {k: percentiles(xs) for k, xs in spans.items() if xs},
+        "tool_turns": {"voice_to_voice_ms": percentiles(tool_v2v) if tool_v2v else None,
+                       "tool_calls": tool_calls, "fillers": fillers},
         "llm_tokens": tokens, "llm_tokens_discarded": discarded,
         "preempt_waste": discarded / tokens if tokens else 0.0,
         "speculations": specs, "adopted": adopted,
@@ -193,6 +220,13 @@ def print_table(res: dict) -> None:
                 f"{modes[m]['spans_ms'][k]['p50']:>16.1f}{modes[m]['spans_ms'][k]['p95']:>16.1f}"
                 if k in modes[m]["spans_ms"] else f"{'-':>16}{'-':>16}" for m in names)
             print(f"{k:<18}{cells}")
+    for m in names:
+        tt = modes[m].get("tool_turns") or {}
+        if tt.get("voice_to_voice_ms"):
+            v = tt["voice_to_voice_ms"]
+            print(f"{m}: turns that called a tool: voice_to_voice p50 {v['p50']:.0f} ms, p95 "
+                  f"{v['p95']:.0f} ms over {v['n']} turns ({tt['tool_calls']} calls, "
+                  f"{tt['fillers']} fillers)")
     for m in names:
         r = modes[m]
         wl = r["wer_librispeech"]
