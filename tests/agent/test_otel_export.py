@@ -222,19 +222,17 @@ def test_nothing_is_sent_without_watching(receiver: Receiver) -> None:
 
 
 def test_call_events_and_the_tool_hook(receiver: Receiver) -> None:
-    """A call event is a span event on the call span; one named in ``event_spans`` (how tool
-    calls will plug in) is a child span of the call instead. A turn that failed is an error."""
-    def tool_span(e: dict) -> tuple[int, int, dict]:
-        return e["t_ns"], e["t_ns"] + int(e["ms"] * 1e6), {"voxline.tool": e["tool"]}
-
-    exporter = OtelExporter.from_env(event_spans={"tool_call": tool_span})
+    """A call event is a span event on the call span; a tool call (the LLM stage's
+    ``tool_call`` event, turned into a span by the default ``event_spans``) is a child span of
+    the call instead, with its tool and outcome. A turn that failed is an error."""
+    exporter = OtelExporter.from_env()
     unwatch = observe.watch(exporter)
 
     async def main() -> Session:
         session = Session(Pipeline([ScriptedAgent()]), Trace(BUDGETS))
         async with session:
             session.trace.call_event("idle_reprompt", at_s=1.5, silence_s=8.0)
-            session.trace.call_event("tool_call", tool="weather", ms=12.5)
+            session.trace.call_event("tool_call", tool="weather", ms=12.5, outcome="timeout")
             session.trace.begin_turn(speech_end=time.monotonic_ns())
             session.trace.info(error="llm_timeout")
             session.trace.abandon()
@@ -251,6 +249,7 @@ def test_call_events_and_the_tool_hook(receiver: Receiver) -> None:
     assert event.name == "idle_reprompt" and attrs(event)["voxline.silence_s"] == 8.0
     (tool,) = [s for s in spans if s.name == "tool_call"]
     assert tool.parent_span_id == call.span_id and attrs(tool)["voxline.tool"] == "weather"
+    assert attrs(tool)["voxline.outcome"] == "timeout"
     assert tool.end_time_unix_nano - tool.start_time_unix_nano == 12_500_000
     assert attrs(call)["voxline.turns"] == session.summary["turns"] == 0
     (turn,) = [s for s in spans if s.name == "turn"]  # a turn that failed: an error, said why
