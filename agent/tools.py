@@ -181,6 +181,16 @@ class ToolCall:
 
 
 @dataclass(slots=True, frozen=True)
+class CallsComing:
+    """What an LLM backend's stream yields as soon as it knows the reply calls tools, before
+    the calls are complete (their arguments are still being written): the agent can start
+    covering the wait ("One moment.") from then. At most once per request, before the calls."""
+
+
+CALLS_COMING = CallsComing()
+
+
+@dataclass(slots=True, frozen=True)
 class ToolResult:
     """What running a :class:`ToolCall` gave: ``content`` is what the model is sent;
     ``outcome`` one of ``"ok"``, ``"error"`` (the tool raised), ``"timeout"``, ``"invalid"``

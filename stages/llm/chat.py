@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from agent.tools import ToolCall
+from agent.tools import CallsComing, ToolCall
 
 INTERRUPTED_MARK = "…"
 
@@ -39,9 +39,10 @@ class ChatLLM(Protocol):
     def stream(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
-    ) -> AsyncGenerator[str | list[ToolCall], None]:
-        """Text deltas; with ``tools`` (only when ``capabilities.tools``), then one
-        ``list[ToolCall]`` at the end of a reply that called tools. ``tool_choice``: None
+    ) -> AsyncGenerator[str | CallsComing | list[ToolCall], None]:
+        """Text deltas; with ``tools`` (only when ``capabilities.tools``), then, in a reply
+        that calls tools, :data:`~agent.tools.CALLS_COMING` as soon as that is known and one
+        ``list[ToolCall]`` at the end. ``tool_choice``: None
         (the model decides), ``"none"``, ``"required"``, or ``{"type": "function",
         "function": {"name": ...}}`` (that tool must be called)."""
         ...

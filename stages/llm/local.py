@@ -18,7 +18,7 @@ import numpy as np
 
 from agent.config import LLMConfig
 from agent.errors import CapacityError, ConfigError, ModelNotFoundError, require
-from agent.tools import ToolCall
+from agent.tools import CALLS_COMING, CallsComing, ToolCall
 from stages.llm.chat import LLMCapabilities
 from stages.llm.kv_reuse import (
     MIN_GAIN_TOKENS,
@@ -233,7 +233,7 @@ class LocalLLM:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
-    ) -> AsyncGenerator[str | list[ToolCall], None]:
+    ) -> AsyncGenerator[str | CallsComing | list[ToolCall], None]:
         """The reply's text deltas; with ``tools``, then one ``list[ToolCall]`` when the
         model called some. The tools are described in the system prompt and a call is
         written as :data:`TOOL_MARK` + JSON, which a grammar keeps to the tools' schemas;
@@ -311,6 +311,7 @@ class LocalLLM:
                 emit(rest)
         before = watch.text if watch is not None and watch.found else None
         if ended and offer is not None and offer.allowed and (forced or before is not None):
+            emit(CALLS_COMING)
             calls = self._calls(prompt, before or "", offer, stop, forced)
             ended = not stop.is_set()
             if ended and calls:

@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.config import LLMConfig
 from agent.errors import require
-from agent.tools import ToolCall
+from agent.tools import CALLS_COMING, CallsComing, ToolCall
 from stages.faults import LLM_BAD_RESPONSE, LLM_TIMEOUT, LLM_UNAVAILABLE, StageFault
 from stages.llm.chat import LLMCapabilities
 from stages.llm.sse import MAX_SIZE, SSEParser, SSEProtocolError
@@ -146,7 +146,7 @@ class OpenAILLM:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
-    ) -> AsyncGenerator[str | list[ToolCall], None]:
+    ) -> AsyncGenerator[str | CallsComing | list[ToolCall], None]:
         """The reply's text deltas; with ``tools`` (OpenAI tool specs, and ``tool_choice``
         when given), then one ``list[ToolCall]`` at the end of a reply that called tools.
         Tool-call fragments count as activity for the deadlines; a reply of calls alone is
@@ -187,6 +187,7 @@ class OpenAILLM:
                 parser = SSEParser(self.max_event_size)
                 chunks = await stack.enter_async_context(aclosing(response.aiter_bytes()))
                 said = False  # any text (or tool-call fragment) yet
+                announced = False  # CALLS_COMING yielded
                 heard = start  # when the wait for the next text began
                 done = False  # the server's [DONE]
                 while True:
@@ -212,6 +213,9 @@ class OpenAILLM:
                             if choice is not None and calls.feed(choice):
                                 said = True
                                 heard = loop.time()
+                                if not announced:
+                                    announced = True
+                                    yield CALLS_COMING
                         if text:
                             said = True
                             yield text

@@ -34,7 +34,7 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.stage import DOWN, UP, QueuedStage, StageContext
-from agent.tools import ToolCall, ToolContext, ToolResult, Tools, run_tool
+from agent.tools import CallsComing, ToolCall, ToolContext, ToolResult, Tools, run_tool
 from stages.faults import APOLOGY, LLM_UNAVAILABLE, StageFault, fault_frame
 from stages.llm.chat import ChatHistory, ChatLLM, Message
 from stages.llm.sentences import SentenceAggregator
@@ -51,6 +51,9 @@ HEARD_WAIT_S = 0.5
 UNSETTLED_MAX = 8  # agent messages whose playout may still be cut, remembered at most
 RUNNING = "(running)"  # a tool message's content until its tool returns
 CANCELLED = "error: cancelled — the caller interrupted before the tool finished"
+# tools with side effects still running: held here so that they finish even after their call
+# (and its task set) is gone
+_LINGERING: set[asyncio.Task[Any]] = set()
 
 
 @dataclass(slots=True)
@@ -82,6 +85,7 @@ class Reply:
     spoken: Spoken = field(default_factory=lambda: Spoken(next(_message_keys)))
     calls: list[ToolCall] = field(default_factory=list)  # the step's tool calls, not yet run
     steps: list[str] = field(default_factory=list)  # the text of each step done
+    filler: asyncio.Task[None] | None = None  # the step's filler, waiting to be said
     held: list[Frame] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -99,12 +103,18 @@ class Reply:
     def step_text(self) -> str:
         return "".join(self.parts[self.step_from:]).strip()
 
+    def end_filler(self) -> None:
+        if self.filler is not None:
+            self.filler.cancel()
+            self.filler = None
+
     @property
     def answer(self) -> str:
         """All of the reply so far: its steps' texts, then the current step's."""
         return " ".join(t for t in (*self.steps, self.step_text) if t)
 
     def next_step(self) -> None:
+        self.end_filler()
         self.steps.append(self.step_text)
         self.step_from = len(self.parts)
         self.spoken = Spoken(next(_message_keys))
@@ -133,8 +143,9 @@ class LLMStage(QueuedStage):
     call tools. A tool that fails, times out or gets bad arguments answers the model with the
     error, so the reply goes on. When the tools have run ``filler_delay_ms`` and the agent has
     said nothing of this request, it says ``filler`` ("One moment."). A barge-in cancels the
-    reply and the tools without side effects; a tool with side effects runs to its end and
-    its result stays in the history (the next request waits for it). Each call is a
+    reply and the tools without side effects; a tool with side effects runs to its end, even
+    past the end of the call, and its result stays in the history (the next request waits for
+    it). Each call is a
     ``tool_call`` event in the trace (tool, ms, outcome) and marks its turn's
     ``info.tools``. A tool that hangs up (``ToolContext.hang_up``) ends the call after the
     agent's words, with ``goodbye`` when it had said nothing.
@@ -286,6 +297,7 @@ class LLMStage(QueuedStage):
         if not self._heard_due.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._heard_due.wait(), HEARD_WAIT_S)
+            self._heard_due.set()  # (no playout reported: the history keeps what was sent)
         if self._side_effects:
             await asyncio.wait(set(self._side_effects))
 
@@ -371,11 +383,6 @@ class LLMStage(QueuedStage):
             self._track(spoken)
             self.push(TextToSpeak(self.agent.greeting, greeting=True, reply=spoken.key))
 
-    async def stop(self) -> None:
-        for task in list(self._side_effects):
-            task.cancel()
-        await super().stop()
-
     def wants(self, frame: Frame) -> bool:
         return isinstance(frame, UserTurnEnded)
 
@@ -405,6 +412,7 @@ class LLMStage(QueuedStage):
             # or revised when the playout's report comes).
             if reply.task is not None:
                 reply.task.cancel()
+            reply.end_filler()
             sp = reply.spoken
             if sp.message is None:  # (cut while generating; else while its tools ran)
                 heard = sp.heard if sp.heard is not None else " ".join(sp.said)
@@ -441,7 +449,8 @@ class LLMStage(QueuedStage):
             if not calls:
                 return
             reply.calls = []
-            hung_up, results = await self._run_tools(reply, calls, sp)
+            hung_up, results = await self._run_tools(reply, calls)
+            reply.end_filler()  # (the tools are done: the answer comes next)
             if hung_up:
                 if not any(s.strip() for s in reply.parts):
                     self.push(TextToSpeak(self.agent.goodbye))
@@ -459,6 +468,22 @@ class LLMStage(QueuedStage):
                 return
 
     # --- tools ---------------------------------------------------------------------------------
+    def _arm_filler(self, reply: Reply) -> None:
+        """From now, a step that has said nothing says the filler after ``filler_delay_ms``
+        (unless its tools are done by then): armed when the backend knows calls are coming,
+        so the wait covered is the calls' writing and their running both."""
+        if reply.filler is not None or not self.agent.filler or self.agent.filler_delay_ms < 0:
+            return
+        sp = reply.spoken
+
+        async def later() -> None:
+            await asyncio.sleep(self.agent.filler_delay_ms / 1000)
+            if not sp.said and reply.spoken is sp:
+                self.fillers += 1
+                self.push(TextToSpeak(self.agent.filler))
+
+        reply.filler = self.ctx.spawn(later(), name="llm-filler")
+
     def _spoken_results(self, results: list[ToolResult]) -> str:
         """The text the agent says for a step whose every call was to a ``speak`` tool that
         worked ("" otherwise: the model answers from the results)."""
@@ -486,8 +511,7 @@ class LLMStage(QueuedStage):
             played=self._played,
         )
 
-    async def _run_tools(self, reply: Reply, calls: list[ToolCall],
-                         sp: Spoken) -> tuple[str, list[ToolResult]]:
+    async def _run_tools(self, reply: Reply, calls: list[ToolCall]) -> tuple[str, list[ToolResult]]:
         """Run the step's tool calls at once, each within its limit, the filler said when they
         take long; returns the hang-up reason a tool asked for ("" for none) and the results
         in the calls' order."""
@@ -498,21 +522,24 @@ class LLMStage(QueuedStage):
             trace.info(tools=[c.name for c in calls])
             trace.event("tool_start")
         tasks: list[tuple[ToolCall, asyncio.Task[ToolResult]]] = []
+        loop = asyncio.get_running_loop()
         for c in calls:
             message = self.history.add_tool_result(c.id, c.name, RUNNING)
-            task = self.ctx.spawn(self._tool(c, tool_ctx, message), name=f"tool-{c.name}")
+            run = self._tool(c, tool_ctx, message)
+            tool = self.tools.get(c.name)
+            if tool is not None and tool.side_effects:
+                # not the call's task: a booking under way finishes even if the call ends
+                task = loop.create_task(run, name=f"tool-{c.name}")
+                _LINGERING.add(task)
+                task.add_done_callback(_LINGERING.discard)
+            else:
+                task = self.ctx.spawn(run, name=f"tool-{c.name}")
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
             tasks.append((c, task))
         self.tool_calls += len(calls)
-        running = {t for _, t in tasks}
+        self._arm_filler(reply)  # (armed already when the backend said calls were coming)
         try:
-            if self.agent.filler and self.agent.filler_delay_ms >= 0:
-                _, running = await asyncio.wait(running, timeout=self.agent.filler_delay_ms / 1000)
-                if running and not sp.said:
-                    self.fillers += 1
-                    self.push(TextToSpeak(self.agent.filler))
-            if running:
-                await asyncio.wait(running)
+            await asyncio.wait({t for _, t in tasks})
         except asyncio.CancelledError:
             for c, task in tasks:
                 tool = self.tools.get(c.name)
@@ -570,6 +597,7 @@ class LLMStage(QueuedStage):
         else:
             log.error("%s: the reply failed (%s)", self.name, code, exc_info=exc)
         self.errors += 1
+        reply.end_filler()
         said = " ".join(reply.said)
         if said or reply.step_from:
             reply.spoken.message = self.history.add_assistant(said, truncated=True)
@@ -619,6 +647,10 @@ class LLMStage(QueuedStage):
                   else self.llm.stream(messages, tools=tools, tool_choice=choice))
         async with aclosing(stream) as tokens:
             async for token in tokens:
+                if isinstance(token, CallsComing):
+                    if tools is not None and reply.confirmed:
+                        self._arm_filler(reply)
+                    continue
                 if isinstance(token, list):
                     if tools is not None:
                         reply.calls.extend(token)

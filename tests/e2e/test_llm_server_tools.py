@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from booking_tools import TOOLS
+from booking_tools import TOOLS, announced
 from llama_server import llama_server
 
 from agent.config import LLMConfig
@@ -44,7 +44,8 @@ def test_a_forced_tool_call_streams_one_call_with_valid_arguments(server: str) -
         choice = {"type": "function", "function": {"name": "book_table"}}
         start = time.perf_counter()
         try:
-            out = [t async for t in llm.stream(MESSAGES, tools=TOOLS.specs(), tool_choice=choice)]
+            out = announced(
+                [t async for t in llm.stream(MESSAGES, tools=TOOLS.specs(), tool_choice=choice)])
         finally:
             await llm.aclose()
         return out, time.perf_counter() - start

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from booking_tools import book_table
+from booking_tools import announced, book_table
 
 from agent.config import LLMConfig
 from agent.errors import ConfigError
@@ -142,7 +142,7 @@ def stream(llm: LocalLLM, messages: list[dict[str, Any]], tools: Any = SPECS,
     async def main() -> tuple[list[Any], float]:
         start = time.perf_counter()
         out = [x async for x in llm.stream(messages, tools=tools, tool_choice=choice)]
-        return out, time.perf_counter() - start
+        return announced(out), time.perf_counter() - start
 
     return asyncio.run(main())
 

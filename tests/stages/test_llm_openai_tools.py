@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from booking_tools import announced
 
 from agent.config import LLMConfig
 from agent.tools import ToolCall, ToolContext, Tools, run_tool, tool
@@ -101,7 +102,8 @@ def collect(url: str, tools: list[dict[str, Any]] | None = TOOLS, tool_choice: A
         try:
             if tools is None:
                 return [t async for t in llm.stream(ASK)]
-            return [t async for t in llm.stream(ASK, tools=tools, tool_choice=tool_choice)]
+            return announced(
+                [t async for t in llm.stream(ASK, tools=tools, tool_choice=tool_choice)])
         finally:
             await llm.aclose()
 

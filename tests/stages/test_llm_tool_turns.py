@@ -466,3 +466,68 @@ def test_a_transfer_waits_for_the_agent_s_words_to_play_then_ends_the_call() -> 
             await h.session.close()
 
     run(main())
+
+
+def test_a_tool_with_side_effects_finishes_after_the_call_ends() -> None:
+    done: list[str] = []
+
+    @tool(side_effects=True)
+    async def charge() -> str:
+        """Takes a deposit."""
+        await asyncio.sleep(0.3)
+        done.append("charged")
+        return "charged"
+
+    async def main() -> None:
+        llm = ToolScriptLLM([[call("charge")]], ["Done."])
+        h = Harness(llm, Tools([charge]))
+        await h.session.start()
+        h.session.push(UserTurnEnded("Take the deposit."))
+        await h.until(lambda: h.stage.tool_calls == 1)
+        await h.session.close()  # the caller hangs up mid-tool
+        assert done == []
+        await asyncio.sleep(0.5)
+        assert done == ["charged"]
+
+    run(main())
+
+
+def test_the_filler_covers_the_call_being_written_from_when_the_backend_knows_it_comes() -> None:
+    """A backend that says calls are coming (CALLS_COMING) starts the filler's clock: a slow
+    call to write plus a quick tool still gets the filler, on time."""
+    from agent.tools import CALLS_COMING
+
+    @tool
+    def quick() -> str:
+        """Quick."""
+        return "done"
+
+    class SlowCall(ToolScriptLLM):
+        async def stream(self, messages, tools=None, tool_choice=None):  # noqa: ANN001, ANN201
+            self.requests.append({"messages": messages, "tools": tools})
+            if len(self.requests) > 1:
+                yield "All done."
+                return
+            yield CALLS_COMING
+            await asyncio.sleep(0.5)  # the arguments being written
+            yield [call("quick")]
+
+    async def main() -> None:
+        llm = SlowCall()
+        h = Harness(llm, Tools([quick]), filler_delay_ms=150, filler="One moment.")
+        spoken_at: list[float] = []
+        loop = asyncio.get_running_loop()
+        h.session.listen(lambda f: isinstance(f, TextToSpeak) and spoken_at.append(loop.time()),
+                         frozenset({TextToSpeak}))
+        await h.session.start()
+        try:
+            t0 = loop.time()
+            h.session.push(UserTurnEnded("Do it."))
+            await h.until(lambda: h.ends)
+            assert h.spoken[0] == "One moment." and h.spoken[-1] == "All done."
+            assert 0.1 < spoken_at[0] - t0 < 0.45  # from the announcement, not the tool's start
+            assert h.stage.fillers == 1
+        finally:
+            await h.session.close()
+
+    run(main())
