@@ -86,6 +86,8 @@ class Reply:
     calls: list[ToolCall] = field(default_factory=list)  # the step's tool calls, not yet run
     steps: list[str] = field(default_factory=list)  # the text of each step done
     filler: asyncio.Task[None] | None = None  # the step's filler, waiting to be said
+    calls_coming: float = 0.0  # (loop time) when the step was known to call tools
+    fillers: int = 0  # fillers said in this reply (one at most)
     held: list[Frame] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -115,6 +117,7 @@ class Reply:
 
     def next_step(self) -> None:
         self.end_filler()
+        self.calls_coming = 0.0
         self.steps.append(self.step_text)
         self.step_from = len(self.parts)
         self.spoken = Spoken(next(_message_keys))
@@ -346,6 +349,8 @@ class LLMStage(QueuedStage):
         for f in held:
             self.push(f)
         self.push(SpeculationResolved(spec.id, confirmed=True))
+        if spec.calls_coming:
+            self._arm_filler(spec)  # its calls are being written: cover the wait from then
 
     # --- prefill -------------------------------------------------------------------------------
     def _prefill(self, text: str) -> None:
@@ -447,6 +452,7 @@ class LLMStage(QueuedStage):
             sp.whole = True
             sp.message = self.history.add_assistant(reply.step_text, tool_calls=_call_dicts(calls))
             if not calls:
+                reply.end_filler()  # (announced calls that never came)
                 return
             reply.calls = []
             hung_up, results = await self._run_tools(reply, calls)
@@ -472,14 +478,18 @@ class LLMStage(QueuedStage):
         """From now, a step that has said nothing says the filler after ``filler_delay_ms``
         (unless its tools are done by then): armed when the backend knows calls are coming,
         so the wait covered is the calls' writing and their running both."""
-        if reply.filler is not None or not self.agent.filler or self.agent.filler_delay_ms < 0:
+        if reply.filler is not None or reply.fillers or not self.agent.filler \
+                or self.agent.filler_delay_ms < 0:
             return
         sp = reply.spoken
+        loop = asyncio.get_running_loop()
+        since = loop.time() - reply.calls_coming if reply.calls_coming else 0.0
 
         async def later() -> None:
-            await asyncio.sleep(self.agent.filler_delay_ms / 1000)
+            await asyncio.sleep(max(0.0, self.agent.filler_delay_ms / 1000 - since))
             if not sp.said and reply.spoken is sp:
                 self.fillers += 1
+                reply.fillers += 1
                 self.push(TextToSpeak(self.agent.filler))
 
         reply.filler = self.ctx.spawn(later(), name="llm-filler")
@@ -648,8 +658,10 @@ class LLMStage(QueuedStage):
         async with aclosing(stream) as tokens:
             async for token in tokens:
                 if isinstance(token, CallsComing):
-                    if tools is not None and reply.confirmed:
-                        self._arm_filler(reply)
+                    if tools is not None:
+                        reply.calls_coming = asyncio.get_running_loop().time()
+                        if reply.confirmed:
+                            self._arm_filler(reply)  # (a speculative one: once adopted)
                     continue
                 if isinstance(token, list):
                     if tools is not None:

@@ -531,3 +531,60 @@ def test_the_filler_covers_the_call_being_written_from_when_the_backend_knows_it
             await h.session.close()
 
     run(main())
+
+
+def test_a_speculative_reply_s_calls_get_the_filler_once_adopted_and_only_then() -> None:
+    """The calls of a speculative reply are announced while the turn is unconfirmed: no filler
+    then; once the turn is confirmed, the filler comes on the announcement's clock."""
+    from agent.tools import CALLS_COMING
+
+    @tool
+    def quick() -> str:
+        """Quick."""
+        return "done"
+
+    class Announces(ToolScriptLLM):
+        async def stream(self, messages, tools=None, tool_choice=None):  # noqa: ANN001, ANN201
+            self.requests.append({"messages": messages, "tools": tools})
+            if len(self.requests) > 1:
+                yield "All done."
+                return
+            yield CALLS_COMING
+            await asyncio.sleep(0.6)
+            yield [call("quick")]
+
+    async def main() -> None:
+        llm = Announces()
+        h = Harness(llm, Tools([quick]), filler_delay_ms=300, filler="One moment.", preempt=True)
+        await h.session.start()
+        try:
+            h.session.push(TurnCandidate("Do it"))
+            await asyncio.sleep(0.4)  # past the delay, but unconfirmed: silence
+            assert h.spoken == []
+            h.session.push(UserTurnEnded("Do it"))
+            await asyncio.sleep(0.05)  # the delay ran out while speculating: at once
+            assert h.spoken == ["One moment."]
+            await h.until(lambda: h.ends)
+            assert h.spoken == ["One moment.", "All done."] and h.stage.adopted == 1
+        finally:
+            await h.session.close()
+
+    run(main())
+
+
+def test_announced_calls_that_never_come_leave_no_stray_filler() -> None:
+    from agent.tools import CALLS_COMING
+
+    async def main() -> None:
+        llm = ToolScriptLLM([CALLS_COMING])  # (announced, then nothing: no text, no calls)
+        h = Harness(llm, Tools([check_slots]), filler_delay_ms=100, filler="One moment.")
+        await h.session.start()
+        try:
+            h.session.push(UserTurnEnded("Hm?"))
+            await h.until(lambda: h.ends)
+            await asyncio.sleep(0.3)
+            assert h.spoken == [] and h.stage.fillers == 0
+        finally:
+            await h.session.close()
+
+    run(main())
