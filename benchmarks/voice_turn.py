@@ -157,7 +157,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         fillers += r["fillers"]
         for turn in r["turns"]:
             if turn.get("complete") and turn["kind"] == "turn":
-                if turn.get("info", {}).get("tools"):
+                if turn.get("info", {}).get("calls_tools"):
                     if "voice_to_voice" in turn["spans"]:
                         tool_v2v.append(turn["spans"]["voice_to_voice"]["ms"])
                     continue  # reported on their own

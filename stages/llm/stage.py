@@ -148,8 +148,8 @@ class LLMStage(QueuedStage):
     said nothing of this request, it says ``filler`` ("One moment."). A barge-in cancels the
     reply and the tools without side effects; a tool with side effects runs to its end, even
     past the end of the call, and its result stays in the history (the next request waits for
-    it). Each call is a
-    ``tool_call`` event in the trace (tool, ms, outcome) and marks its turn's
+    it). Each call is a ``tool_call`` event in the trace (tool, ms, outcome); a turn that
+    calls tools has ``info.calls_tools`` (set as soon as the calls are announced) and
     ``info.tools``. A tool that hangs up (``ToolContext.hang_up``) ends the call after the
     agent's words, with ``goodbye`` when it had said nothing.
 
@@ -350,6 +350,7 @@ class LLMStage(QueuedStage):
             self.push(f)
         self.push(SpeculationResolved(spec.id, confirmed=True))
         if spec.calls_coming:
+            self._mark_tool_turn()
             self._arm_filler(spec)  # its calls are being written: cover the wait from then
 
     # --- prefill -------------------------------------------------------------------------------
@@ -474,6 +475,13 @@ class LLMStage(QueuedStage):
                 return
 
     # --- tools ---------------------------------------------------------------------------------
+    def _mark_tool_turn(self, names: list[str] | None = None) -> None:
+        """The open turn calls tools (``info.calls_tools``; ``info.tools`` once they are known):
+        marked before its first audio, which may be the filler, closes it."""
+        trace = self.ctx.trace
+        if trace is not None:
+            trace.info(calls_tools=True, **({"tools": names} if names else {}))
+
     def _arm_filler(self, reply: Reply) -> None:
         """From now, a step that has said nothing says the filler after ``filler_delay_ms``
         (unless its tools are done by then): armed when the backend knows calls are coming,
@@ -528,8 +536,8 @@ class LLMStage(QueuedStage):
         assert self.tools is not None
         tool_ctx = self._tool_context()
         trace = self.ctx.trace
+        self._mark_tool_turn([c.name for c in calls])
         if trace is not None:
-            trace.info(tools=[c.name for c in calls])
             trace.event("tool_start")
         tasks: list[tuple[ToolCall, asyncio.Task[ToolResult]]] = []
         loop = asyncio.get_running_loop()
@@ -661,6 +669,7 @@ class LLMStage(QueuedStage):
                     if tools is not None:
                         reply.calls_coming = asyncio.get_running_loop().time()
                         if reply.confirmed:
+                            self._mark_tool_turn()
                             self._arm_filler(reply)  # (a speculative one: once adopted)
                     continue
                 if isinstance(token, list):

@@ -86,5 +86,5 @@ def test_a_caller_books_a_table_through_a_forced_tool_call(tmp_path) -> None:  #
     assert [(c["tool"], c["outcome"]) for c in calls] == [("book_table", "ok")]
     assert 0 < calls[0]["ms"] < 5_000
     turns = [e for e in events if e["type"] == "trace" and e.get("kind") == "turn"]
-    assert any((t.get("info") or {}).get("tools") == ["book_table"] for t in turns), \
-        json.dumps(turns)[:2000]
+    # (its first audio may be the filler, said while the call was still being written)
+    assert any((t.get("info") or {}).get("calls_tools") for t in turns), json.dumps(turns)[:2000]
