@@ -65,6 +65,7 @@ class FakeTwilioApi:
     live: set[str] = field(default_factory=set)
     answer: tuple[int, Any] | None = None  # (status, JSON object or raw text)
     delay_s: float = 0.0
+    late_answer_s: float = 0.0  # after acting on an update, before answering it
     heard: Any = None  # () -> chunks the caller has played, stamped on each request
     requests: list[UpdateRequest] = field(default_factory=list)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
@@ -126,6 +127,8 @@ class FakeTwilioApi:
                                  "status": "in-progress", "api_version": "2010-04-01"}
         if 200 <= status < 300:
             self.updated.set()
+            if self.late_answer_s:  # Twilio acts (ends the stream) before its answer arrives
+                await asyncio.sleep(self.late_answer_s)
         if isinstance(body, str):
             return web.Response(status=status, text=body, content_type="text/html")
         return web.Response(status=status, text=json.dumps(body),

@@ -9,6 +9,7 @@ The keypad needs nothing here: the stream's ``dtmf`` messages become ``Dtmf`` fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -53,6 +54,14 @@ class TwilioCallControl:
         self.rest, self.book, self.armed = rest, book, armed
         self.transferred = ""  # the target, once Twilio took the call (the REST way)
         self._busy = False
+        self._request: asyncio.Future[object] | None = None  # the REST update in flight
+
+    async def settled(self, wait_s: float = 10.0) -> None:
+        """Wait (at most ``wait_s``) for a REST update still in flight: Twilio may end the
+        stream (``stop``) before its answer to the update reaches us."""
+        if self._request is not None and not self._request.done():
+            with contextlib.suppress(Exception, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._request), wait_s)
 
     async def transfer(self, target: str) -> str:
         try:
@@ -92,8 +101,15 @@ class TwilioCallControl:
             await asyncio.sleep(POLL_S)
         if self.session.closed or self.call.stopped:
             raise CallControlError("the call ended before it could be transferred")
-        await self.rest.update_call(self.call.call_sid, twiml)
-        self.transferred = target
+        request = asyncio.ensure_future(self.rest.update_call(self.call.call_sid, twiml))
+        self._request = request
+
+        def took(done: asyncio.Future[object]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                self.transferred = target  # (even if the tool that asked was cancelled)
+
+        request.add_done_callback(took)
+        await asyncio.shield(request)
         log.info("call %s: Twilio took the transfer to %s", self.call.call_sid, target)
         self.session.ctx.spawn(self._end_unless_twilio_does(), name="twilio-transfer-stop")
         return f"Twilio took the call and is connecting it to {target}"

@@ -122,6 +122,7 @@ async def handle_media_stream(
                 async with asyncio.timeout(IDLE_TIMEOUT_S):
                     msg = await next_message()
                 call.receive(msg, time.monotonic_ns())
+            await control.settled()  # (Twilio's stop may overtake its answer to our update)
             if control.transferred:  # Twilio ended the stream to run the transfer's <Dial>
                 life.reason = TRANSFERRED
             elif not call.hanging_up:
