@@ -492,28 +492,37 @@ def test_a_tool_with_side_effects_finishes_after_the_call_ends() -> None:
     run(main())
 
 
+@tool
+def quick() -> str:
+    """Quick."""
+    return "done"
+
+
+class AnnouncesSlowly(ToolScriptLLM):
+    """Announces its call (CALLS_COMING), writes it for ``writing_s``, then answers "All done."
+    to the request after the tool."""
+
+    def __init__(self, writing_s: float) -> None:
+        super().__init__()
+        self.writing_s = writing_s
+
+    async def stream(self, messages, tools=None, tool_choice=None):  # noqa: ANN001, ANN201
+        from agent.tools import CALLS_COMING
+
+        self.requests.append({"messages": messages, "tools": tools})
+        if len(self.requests) > 1:
+            yield "All done."
+            return
+        yield CALLS_COMING
+        await asyncio.sleep(self.writing_s)  # the arguments being written
+        yield [call("quick")]
+
+
 def test_the_filler_covers_the_call_being_written_from_when_the_backend_knows_it_comes() -> None:
     """A backend that says calls are coming (CALLS_COMING) starts the filler's clock: a slow
     call to write plus a quick tool still gets the filler, on time."""
-    from agent.tools import CALLS_COMING
-
-    @tool
-    def quick() -> str:
-        """Quick."""
-        return "done"
-
-    class SlowCall(ToolScriptLLM):
-        async def stream(self, messages, tools=None, tool_choice=None):  # noqa: ANN001, ANN201
-            self.requests.append({"messages": messages, "tools": tools})
-            if len(self.requests) > 1:
-                yield "All done."
-                return
-            yield CALLS_COMING
-            await asyncio.sleep(1.0)  # the arguments being written
-            yield [call("quick")]
-
     async def main() -> None:
-        llm = SlowCall()
+        llm = AnnouncesSlowly(1.0)
         h = Harness(llm, Tools([quick]), filler_delay_ms=150, filler="One moment.")
         spoken_at: list[float] = []
         loop = asyncio.get_running_loop()
@@ -538,25 +547,8 @@ def test_the_filler_covers_the_call_being_written_from_when_the_backend_knows_it
 def test_a_speculative_reply_s_calls_get_the_filler_once_adopted_and_only_then() -> None:
     """The calls of a speculative reply are announced while the turn is unconfirmed: no filler
     then; once the turn is confirmed, the filler comes on the announcement's clock."""
-    from agent.tools import CALLS_COMING
-
-    @tool
-    def quick() -> str:
-        """Quick."""
-        return "done"
-
-    class Announces(ToolScriptLLM):
-        async def stream(self, messages, tools=None, tool_choice=None):  # noqa: ANN001, ANN201
-            self.requests.append({"messages": messages, "tools": tools})
-            if len(self.requests) > 1:
-                yield "All done."
-                return
-            yield CALLS_COMING
-            await asyncio.sleep(0.9)
-            yield [call("quick")]
-
     async def main() -> None:
-        llm = Announces()
+        llm = AnnouncesSlowly(0.9)
         h = Harness(llm, Tools([quick]), filler_delay_ms=500, filler="One moment.", preempt=True)
         loop = asyncio.get_running_loop()
         await h.session.start()
