@@ -220,7 +220,7 @@ class Playout:
 
     def _pace(self, text: str) -> int:
         """Samples ``text`` takes to say, at the pace this call's voice has kept so far."""
-        if self._voice_chars >= 40:
+        if self._voice_chars:  # (the pace of every text complete so far)
             return round(len(text) * self._voice_samples / self._voice_chars)
         return len(text) * SAMPLES_PER_CHAR
 
