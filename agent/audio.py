@@ -88,17 +88,22 @@ def read_channels(source: AudioSource, rate: int = RATE, name: str | None = None
     return [resample(np.ascontiguousarray(frames[:, c]), sr, rate) for c in range(frames.shape[1])]
 
 
+def check_file(path: Path, label: str) -> None:
+    """AudioInputError unless ``path`` is a file with something in it."""
+    if not path.exists():
+        raise AudioInputError(f"audio file not found: {label}")
+    if path.is_dir():
+        raise AudioInputError(f"expected an audio file, got a directory: {label}")
+    if path.stat().st_size == 0:
+        raise AudioInputError(f"audio file is empty: {label}")
+
+
 def _frames(source: AudioSource, name: str | None) -> tuple[np.ndarray, int]:
     """The decoded (samples, channels) int16 of ``source`` and its rate, or AudioInputError."""
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
         label = name or str(p)
-        if not p.exists():
-            raise AudioInputError(f"audio file not found: {label}")
-        if p.is_dir():
-            raise AudioInputError(f"expected an audio file, got a directory: {label}")
-        if p.stat().st_size == 0:
-            raise AudioInputError(f"audio file is empty: {label}")
+        check_file(p, label)
         opened: str | BinaryIO = str(p)
     else:
         label = name or "the audio"

@@ -26,7 +26,7 @@ from emit import emit  # noqa: E402
 
 from agent.audio import read_audio  # noqa: E402
 from agent.config import ASRConfig, VADConfig  # noqa: E402
-from stages.asr.offline import transcribe_files  # noqa: E402
+from stages.asr.progressive import transcribe_files  # noqa: E402
 from stages.asr.wer import corpus_wer  # noqa: E402
 from stages.asr.whisper import WhisperBackend, embedded_model_dir  # noqa: E402
 from stages.vad import SileroModel  # noqa: E402

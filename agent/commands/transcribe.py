@@ -77,10 +77,7 @@ class _Input:
 
 
 def main(args: argparse.Namespace) -> int:
-    from agent.audio import read_audio, read_channels
-    from agent.errors import AudioInputError, VoxlineError
-    from agent.runtime import freeze_after_warmup
-    from stages.vad import SileroModel
+    from agent.errors import VoxlineError
 
     cfg = config_from_args(args)
     if args.batch_size < 1:
@@ -92,6 +89,56 @@ def main(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir and not out_dir.is_dir():
         raise VoxlineError(f"output folder does not exist: {out_dir}")
+    want_words = args.diarize or args.words or "srt" in formats or "vtt" in formats
+    embedder = _speaker_model(args, cfg) if args.diarize else None  # a missing model fails now
+    cfg.asr.max_batch = args.batch_size
+    names = [n.strip() for n in args.speaker_names.split(",")] if args.speaker_names else []
+    out = _Output(args, formats, out_dir, names, labelled=args.channels == "split" or args.diarize,
+                  words=want_words)
+    if args.ray:
+        return _main_ray(args, cfg, want_words, embedder, out)
+    return _main_progressive(args, cfg, want_words, embedder, out)
+
+
+def _main_progressive(args: argparse.Namespace, cfg: Any, want_words: bool, embedder: Any,
+                      out: _Output) -> int:
+    """Files read piece by piece; each segment printed (``--json``) as soon as it is final."""
+    from agent.runtime import freeze_after_warmup
+    from stages.asr.progressive import DiarizeWith, FileDone, transcribe_progressively
+    from stages.vad import SileroModel
+
+    split = args.channels == "split"
+    sources = _Sources(args.files, split)
+    if not sources.opened:
+        from agent.errors import VoxlineError
+
+        raise VoxlineError("no readable audio among the inputs")
+    backend = _backend(cfg, want_words)
+    vad = SileroModel(cfg.vad)
+    freeze_after_warmup(cfg.runtime)
+    diarize = (DiarizeWith(embedder, args.speakers, args.min_speakers, args.max_speakers)
+               if embedder is not None else None)
+    t0 = time.perf_counter()
+    with _progress(sources.total_s) as advance:
+        for event in transcribe_progressively(
+                sources, backend, vad, args.batch_size, args.max_chunk, split=split,
+                diarize=diarize, vad_threads=cfg.asr.threads, on_progress=advance):
+            if isinstance(event, FileDone):
+                out.done(event.name, event.duration_s, event.segments, event.error)
+            else:
+                out.segments(event.name, event.segments)
+    wall = time.perf_counter() - t0
+    what = ", speakers by channel" if split else (", diarized" if args.diarize else "")
+    out.summary(wall, cfg, what)
+    return 1 if sources.failed or out.damaged else 0
+
+
+def _main_ray(args: argparse.Namespace, cfg: Any, want_words: bool, embedder: Any,
+              out: _Output) -> int:
+    """``--ray``: whole files to the engine actors; results written in the files' order."""
+    from agent.audio import read_audio, read_channels
+    from agent.errors import AudioInputError, VoxlineError
+
     split = args.channels == "split"
     inputs, failed = [], 0
     for f in args.files:
@@ -106,41 +153,145 @@ def main(args: argparse.Namespace) -> int:
         inputs.append(_Input(f, chans))  # int16: converted chunk by chunk, half the memory
     if not inputs:
         raise VoxlineError("no readable audio among the inputs")
-    want_words = args.diarize or args.words or "srt" in formats or "vtt" in formats
-    embedder = _speaker_model(args, cfg) if args.diarize else None  # a missing model fails now
-    cfg.asr.max_batch = args.batch_size
     units = [(f"{i.name}#{c + 1}" if split else i.name, ch)
              for i in inputs for c, ch in enumerate(i.channels)]
-    total = sum(i.duration_s for i in inputs)
-    if args.ray:
-        pool = _RayPool(args, cfg, want_words)  # the actors load the model before the clock
-        t0 = time.perf_counter()
-        results = iter(pool.transcribe(units))
-    else:
-        backend = _backend(cfg, want_words)
-        vad = SileroModel(cfg.vad)
-        freeze_after_warmup(cfg.runtime)
-        t0 = time.perf_counter()
-        results = iter(_run_with_progress(units, backend, vad, args, cfg))
-    t_asr = time.perf_counter() - t0
-    names = [n.strip() for n in args.speaker_names.split(",")] if args.speaker_names else []
+    pool = _RayPool(args, cfg, want_words)  # the actors load the model before the clock
+    t0 = time.perf_counter()
+    results = iter(pool.transcribe(units))
     for inp in inputs:
         mine = [next(results) for _ in inp.channels]
         segments = _speakers(inp, mine, args, embedder, split)
-        captions = _captions(segments, names, keep_words=want_words,
-                             labelled=split or args.diarize)
-        _write(inp, captions, formats, args, out_dir)
+        out.segments(inp.name, segments)
+        out.done(inp.name, inp.duration_s, segments, None)
     wall = time.perf_counter() - t0
-    rtfx = total / wall if wall > 0 else float("inf")
     what = ", speakers by channel" if split else (", diarized" if args.diarize else "")
-    if args.ray:
-        what += f", on Ray Data with {args.ray_actors} engine actors"
-    msg = (f"{len(inputs)} files, {total:.1f} s of audio in {wall:.2f} s: RTFx {rtfx:.1f} "
-           f"(audio seconds per wall second, after model load; asr {cfg.asr.backend}, "
-           f"batch {args.batch_size}{what}"
-           + (f"; diarization {wall - t_asr:.2f} s of it" if args.diarize else "") + ")")
-    print(msg, file=sys.stderr if args.json else sys.stdout)
+    out.summary(wall, cfg, what + f", on Ray Data with {args.ray_actors} engine actors")
     return 1 if failed else 0
+
+
+class _Sources:
+    """The inputs as sources, opened one at a time as the transcription reaches them; one that
+    cannot be opened is reported and skipped. The first is opened at once (so that a command
+    whose inputs are all unreadable fails before any model loads)."""
+
+    def __init__(self, files: list[str], split: bool) -> None:
+        from stages.asr.sources import FileSource
+
+        self.files, self.split, self.failed = files, split, 0
+        self._open = FileSource
+        self._first = None
+        self._next = 0
+        self.total_s = 0.0
+        while self._first is None and self._next < len(files):
+            self._first = self._try(files[self._next])
+            self._next += 1
+        self.opened = self._first is not None
+        # progress: what the headers say (a file not yet opened counts as its size suggests)
+        self.total_s = sum(_header_seconds(f) for f in files)
+
+    def _try(self, path: str):  # noqa: ANN202
+        from agent.errors import AudioInputError
+
+        try:
+            src = self._open(path, self.split)
+        except AudioInputError as exc:
+            print(f"voxline: skipping {path}: {exc}", file=sys.stderr)
+            self.failed += 1
+            return None
+        if self.split and src.channels == 1:
+            print(f"voxline: {path} has one channel: nothing to split, one speaker",
+                  file=sys.stderr)
+        return src
+
+    def __iter__(self):  # noqa: ANN204
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        while self._next < len(self.files):
+            src = self._try(self.files[self._next])
+            self._next += 1
+            if src is not None:
+                yield src
+
+
+def _header_seconds(path: str) -> float:
+    try:
+        import soundfile
+
+        return float(soundfile.info(path).duration)
+    except Exception:
+        return 0.0
+
+
+class _progress:
+    """A progress bar on stderr (when it is a terminal and rich is installed); the context
+    gives the function to advance it by seconds of audio."""
+
+    def __init__(self, total_s: float) -> None:
+        self.total_s, self._bar = total_s, None
+
+    def __enter__(self):  # noqa: ANN204
+        try:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        except ImportError:
+            return None
+        columns = [TextColumn("transcribing"), BarColumn(),
+                   TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn()]
+        self._bar = Progress(*columns, transient=True, disable=not sys.stderr.isatty())
+        self._bar.__enter__()
+        task = self._bar.add_task("audio", total=self.total_s or None)
+        return lambda s: self._bar.advance(task, s)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
+class _Output:
+    """Where results go: JSON lines on stdout (``--json``: each segment as it is final, then the
+    file's whole transcript) and the files of ``--format`` once a file is done."""
+
+    def __init__(self, args: argparse.Namespace, formats: list[str], out_dir: Path | None,
+                 names: list[str], labelled: bool, words: bool) -> None:
+        self.args, self.formats, self.out_dir = args, formats, out_dir
+        self.names, self.labelled, self.words = names, labelled, words
+        self.files, self.audio_s, self.damaged = 0, 0.0, 0
+
+    def segments(self, name: str, segments: list) -> None:
+        if not self.args.json:
+            return
+        for c in _captions(segments, self.names, self.words, self.labelled):
+            line = {"type": "segment", "file": name, **_segment_dict(c)}
+            print(json.dumps(line, ensure_ascii=False), flush=True)
+
+    def done(self, name: str, duration_s: float, segments: list, error: Exception | None) -> None:
+        from agent import captions as fmt
+
+        captions = _captions(segments, self.names, self.words, self.labelled)
+        doc = {"type": "transcript", **fmt.to_json(captions, file=name, duration_s=duration_s)}
+        if error is not None:
+            doc["error"] = str(error)
+            self.damaged += 1
+            print(f"voxline: {error}", file=sys.stderr)
+        self.files += 1
+        self.audio_s += duration_s
+        if self.args.json:
+            print(json.dumps(doc, ensure_ascii=False), flush=True)
+        if not self.args.no_write:
+            _write(name, doc, captions, self.formats, self.out_dir)
+
+    def summary(self, wall: float, cfg: Any, what: str) -> None:
+        rtfx = self.audio_s / wall if wall > 0 else float("inf")
+        msg = (f"{self.files} files, {self.audio_s:.1f} s of audio in {wall:.2f} s: RTFx "
+               f"{rtfx:.1f} (audio seconds per wall second, after model load; asr "
+               f"{cfg.asr.backend}, batch {self.args.batch_size}{what})")
+        print(msg, file=sys.stderr if self.args.json else sys.stdout)
+
+
+def _segment_dict(c: Any) -> dict:
+    from agent.captions import segment_dict
+
+    return segment_dict(c)
 
 
 def _formats(spec: str) -> list[str]:
@@ -219,19 +370,14 @@ def _captions(segments: list, names: list[str], keep_words: bool, labelled: bool
             for s in segments]
 
 
-def _write(inp: _Input, captions: list, formats: list[str], args: argparse.Namespace,
-           out_dir: Path | None) -> None:
+def _write(name: str, doc: dict, captions: list, formats: list[str], out_dir: Path | None) -> None:
     from agent import captions as fmt
 
-    doc = fmt.to_json(captions, file=inp.name, duration_s=inp.duration_s)
-    if args.json:
-        print(json.dumps(doc, ensure_ascii=False), flush=True)
-    if args.no_write:
-        return
-    src = Path(inp.name)
+    src = Path(name)
     for f in formats:
         if f == "json":
-            text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+            text = json.dumps({k: v for k, v in doc.items() if k != "type"}, indent=2,
+                              ensure_ascii=False) + "\n"
         elif f == "srt":
             text = fmt.to_srt(captions)
         elif f == "vtt":
@@ -239,23 +385,6 @@ def _write(inp: _Input, captions: list, formats: list[str], args: argparse.Names
         else:
             text = fmt.to_rttm(captions, file_id=src.stem)
         ((out_dir or src.parent) / f"{src.stem}.{f}").write_text(text, encoding="utf-8")
-
-
-def _run_with_progress(audios, backend, vad, args, cfg):  # noqa: ANN001, ANN202
-    from stages.asr.offline import transcribe_files
-
-    try:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-    except ImportError:
-        return transcribe_files(audios, backend, vad, args.batch_size, args.max_chunk,
-                                vad_threads=cfg.asr.threads)
-    columns = [TextColumn("transcribing"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
-               TimeRemainingColumn()]
-    with Progress(*columns, transient=True, disable=not sys.stderr.isatty()) as bar:
-        task = bar.add_task("audio", total=sum(len(a) for _, a in audios) / 16000)
-        return transcribe_files(audios, backend, vad, args.batch_size, args.max_chunk,
-                                on_progress=lambda s: bar.advance(task, s),
-                                vad_threads=cfg.asr.threads)
 
 
 class _RayPool:
@@ -307,7 +436,7 @@ class _RayEngine:
 
         import numpy as np
 
-        from stages.asr.offline import transcribe_files
+        from stages.asr.progressive import transcribe_files
 
         audios = [(str(n), np.frombuffer(p, "<i2").astype(np.int16))
                   for n, p in zip(batch["name"], batch["pcm"], strict=True)]

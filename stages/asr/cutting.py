@@ -102,26 +102,45 @@ def cut_points(pcm: np.ndarray, max_chunk_s: float = MAX_CHUNK_S, search_s: floa
 def chunk_regions(regions: list[tuple[int, int]], max_chunk_s: float, total: int) -> list[tuple[int, int]]:
     """Merge speech regions (sample ranges, in order) into chunks no longer than ``max_chunk_s``,
     cutting only at pauses; a region longer than that alone is cut into equal pieces."""
-    limit = int(max_chunk_s * RATE)
-    chunks: list[tuple[int, int]] = []
-    cur: tuple[int, int] | None = None
-    for a, b in regions:
-        b = min(b, total)
+    chunker = Chunker(max_chunk_s)
+    chunks = [c for a, b in regions for c in chunker.add(a, min(b, total))]
+    return chunks + chunker.finish()
+
+
+class Chunker:
+    """:func:`chunk_regions` fed one region at a time, as a long file's VAD finds them: a chunk
+    comes out once the region after it does not fit in it (or at :meth:`finish`), so the
+    chunks are those of the whole file's regions cut at once."""
+
+    def __init__(self, max_chunk_s: float) -> None:
+        self.limit = int(max_chunk_s * RATE)
+        self._cur: tuple[int, int] | None = None
+
+    @property
+    def pending_from(self) -> int | None:
+        """Where the chunk still growing starts (None: none is)."""
+        return self._cur[0] if self._cur else None
+
+    def add(self, a: int, b: int) -> list[tuple[int, int]]:
+        """The chunks that region [a, b) completes (it must start after the last one ends)."""
+        limit, out = self.limit, []
         if b - a > limit:
-            if cur:
-                chunks.append(cur)
-                cur = None
+            if self._cur:
+                out.append(self._cur)
+                self._cur = None
             pieces = -(-(b - a) // limit)
             step = -(-(b - a) // pieces)
-            chunks.extend((x, min(x + step, b)) for x in range(a, b, step))
-            continue
-        if cur is None:
-            cur = (a, b)
-        elif b - cur[0] <= limit:
-            cur = (cur[0], b)
+            out.extend((x, min(x + step, b)) for x in range(a, b, step))
+        elif self._cur is None:
+            self._cur = (a, b)
+        elif b - self._cur[0] <= limit:
+            self._cur = (self._cur[0], b)
         else:
-            chunks.append(cur)
-            cur = (a, b)
-    if cur:
-        chunks.append(cur)
-    return chunks
+            out.append(self._cur)
+            self._cur = (a, b)
+        return out
+
+    def finish(self) -> list[tuple[int, int]]:
+        """The last chunk, if one is still growing."""
+        cur, self._cur = self._cur, None
+        return [cur] if cur else []

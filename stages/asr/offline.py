@@ -1,18 +1,17 @@
-"""Offline transcription: long audio cut at VAD pauses into chunks of at most ``max_chunk_s``
-(:func:`stages.asr.cutting.chunk_regions`), all chunks of all files transcribed in large
-batches. Throughput rules here, not latency."""
+"""Offline transcription's parts: where the batched VAD hears speech (every file, and every
+minute of a long one, a row of one Silero batch), and the speech regions it gives, found as the
+probabilities come in (:class:`SpeechTracker`). :mod:`stages.asr.progressive` cuts the regions
+into chunks and transcribes them in large batches. Throughput rules here, not latency."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.audio import RATE, int16_to_float
-from stages.asr.backend import ASRBackend, Hypothesis, Word
-from stages.asr.cutting import Segment, chunk_regions, joined
+from stages.asr.cutting import Segment, joined
 
 WINDOW = 512  # samples per Silero VAD window (32 ms)
 TURN_PAD_WINDOWS = 3  # FileResult.speech: ~100 ms either side of the VAD's speech
@@ -50,23 +49,61 @@ def speech_regions(
 ) -> list[tuple[int, int]]:
     """Speech regions as (start, end) sample indices from per-window speech probabilities,
     with hysteresis; pauses shorter than ``min_silence_windows`` do not split a region."""
-    regions: list[tuple[int, int]] = []
-    in_speech, start, silent = False, 0, 0
-    for i, p in enumerate(probs):
-        if not in_speech:
-            if p >= threshold:
-                in_speech, start, silent = True, i, 0
-        elif p < neg_threshold:
-            silent += 1
-            if silent >= min_silence_windows:
-                regions.append((start, i - silent + 1))
-                in_speech = False
-        else:
-            silent = 0
-    if in_speech:
-        regions.append((start, len(probs) - silent))
-    n = len(probs)
-    return [(max(0, a - pad_windows) * WINDOW, min(n, b + pad_windows) * WINDOW) for a, b in regions]
+    tracker = SpeechTracker(threshold, neg_threshold, min_silence_windows)
+    found = tracker.feed(probs) + tracker.finish()
+    return padded(found, pad_windows, len(probs))
+
+
+def padded(regions: list[tuple[int, int]], pad_windows: int, windows: int) -> list[tuple[int, int]]:
+    """Regions in windows → sample ranges, ``pad_windows`` wider on each side, within
+    ``windows`` windows."""
+    return [(max(0, a - pad_windows) * WINDOW, min(windows, b + pad_windows) * WINDOW)
+            for a, b in regions]
+
+
+class SpeechTracker:
+    """The hysteresis of :func:`speech_regions` fed piece by piece, as a long file is read:
+    each region (in windows, unpadded) comes out the moment it closes, and the regions of a
+    file fed in pieces are those of the file fed at once."""
+
+    def __init__(self, threshold: float = 0.5, neg_threshold: float = 0.35,
+                 min_silence_windows: int = 8) -> None:
+        self.threshold, self.neg_threshold = threshold, neg_threshold
+        self.min_silence = min_silence_windows
+        self.windows = 0  # fed so far
+        self._in_speech, self._start, self._silent = False, 0, 0
+
+    @property
+    def open_from(self) -> int | None:
+        """The window the region still open starts at (None: none is)."""
+        return self._start if self._in_speech else None
+
+    def feed(self, probs: np.ndarray) -> list[tuple[int, int]]:
+        """The regions that close in ``probs``, the windows after those fed before."""
+        out: list[tuple[int, int]] = []
+        in_speech, start, silent = self._in_speech, self._start, self._silent
+        hi, lo, need = self.threshold, self.neg_threshold, self.min_silence
+        for i, p in enumerate(probs.tolist(), self.windows):
+            if not in_speech:
+                if p >= hi:
+                    in_speech, start, silent = True, i, 0
+            elif p < lo:
+                silent += 1
+                if silent >= need:
+                    out.append((start, i - silent + 1))
+                    in_speech = False
+            else:
+                silent = 0
+        self.windows += len(probs)
+        self._in_speech, self._start, self._silent = in_speech, start, silent
+        return out
+
+    def finish(self) -> list[tuple[int, int]]:
+        """The region still open at the end of the audio, if any."""
+        if not self._in_speech:
+            return []
+        self._in_speech = False
+        return [(self._start, self.windows - self._silent)]
 
 
 def vad_probs(audio: np.ndarray, vad: object) -> np.ndarray:
@@ -99,18 +136,7 @@ def vad_probs_many(audios: Sequence[np.ndarray], vad: object, threads: int = 1) 
             a = (w - skip) * WINDOW
             pieces.append(audio[a : (w + VAD_PIECE_WINDOWS) * WINDOW])
             where.append((fi, w, skip))
-    threads = max(1, min(threads, len(pieces)))
-    if threads == 1:
-        probs = vad.probs_batch(pieces)  # type: ignore[attr-defined]
-    else:
-        by_length = sorted(range(len(pieces)), key=lambda i: len(pieces[i]), reverse=True)
-        shares = [by_length[k::threads] for k in range(threads)]
-        with ThreadPoolExecutor(threads, thread_name_prefix="vad") as pool:
-            done = pool.map(lambda share: vad.probs_batch([pieces[i] for i in share]), shares)  # type: ignore[attr-defined]
-            probs = [np.empty(0, np.float32)] * len(pieces)
-            for share, got in zip(shares, done, strict=True):
-                for i, p in zip(share, got, strict=True):
-                    probs[i] = p
+    probs = pieces_probs(pieces, vad, threads)
     out = [np.empty(-(-len(a) // WINDOW), np.float32) for a in audios]
     for (fi, w, skip), p in zip(where, probs, strict=True):
         kept = p[skip:]
@@ -118,56 +144,20 @@ def vad_probs_many(audios: Sequence[np.ndarray], vad: object, threads: int = 1) 
     return out
 
 
-def transcribe_files(
-    audios: Sequence[tuple[str, np.ndarray]],
-    backend: ASRBackend,
-    vad: object,
-    batch_size: int = 16,
-    max_chunk_s: float = 28.0,
-    on_progress: Callable[[float], None] | None = None,
-    vad_threads: int = 1,
-) -> list[FileResult]:
-    """Transcribe whole files (float32 in [-1, 1], or int16: a long file then costs half the
-    memory, each chunk converted when it is read): VAD cut, then every chunk of every file in batches of
-    ``batch_size``, longest first (similar lengths share a batch). ``on_progress`` receives the
-    seconds of audio finished after each batch."""
-    jobs: list[tuple[int, int, int]] = []  # (file index, start, end)
-    results: list[FileResult] = []
-    all_probs = vad_probs_many([audio for _, audio in audios], vad, vad_threads)
-    for fi, (name, audio) in enumerate(audios):
-        results.append(FileResult(name, len(audio) / RATE))
-        regions = speech_regions(all_probs[fi])
-        results[-1].regions = regions
-        results[-1].speech = speech_regions(all_probs[fi], pad_windows=TURN_PAD_WINDOWS)
-        for a, b in chunk_regions(regions, max_chunk_s, len(audio)):
-            jobs.append((fi, a, b))
-        if on_progress is not None and not regions:
-            on_progress(len(audio) / RATE)
-    # progress counts each file's silence with its first chunk
-    share = {}
-    for fi, (_, audio) in enumerate(audios):
-        spans = [(a, b) for f, a, b in jobs if f == fi]
-        speech = sum(b - a for a, b in spans)
-        share[fi] = (len(audio) / RATE) / max(speech / RATE, 1e-9) if spans else 0.0
-    order = sorted(range(len(jobs)), key=lambda j: jobs[j][2] - jobs[j][1], reverse=True)
-    hyps: dict[int, Hypothesis] = {}
-    for at in range(0, len(order), max(1, batch_size)):
-        part = order[at : at + batch_size]
-        bufs = [_as_float(audios[jobs[j][0]][1][jobs[j][1] : jobs[j][2]]) for j in part]
-        for j, hyp in zip(part, backend.transcribe_batch(bufs), strict=True):
-            hyps[j] = hyp
-        if on_progress is not None:
-            on_progress(sum((jobs[j][2] - jobs[j][1]) / RATE * share[jobs[j][0]] for j in part))
-    for j, (fi, a, b) in enumerate(jobs):
-        text = hyps[j].text.strip() if j in hyps else ""
-        if text:
-            at_s = a / RATE  # word times count from the chunk: the file's from here
-            words = tuple(Word(w.text, w.start + at_s, w.end + at_s) for w in hyps[j].words)
-            results[fi].segments.append(Segment(text, a, b, words))
-    for r in results:
-        r.segments.sort(key=lambda s: s.start)
-    return results
-
-
-def _as_float(pcm: np.ndarray) -> np.ndarray:
-    return int16_to_float(pcm) if pcm.dtype == np.int16 else pcm
+def pieces_probs(pieces: Sequence[np.ndarray], vad: object, threads: int = 1) -> list[np.ndarray]:
+    """Each piece's window probabilities from one batched Silero run per thread (onnxruntime
+    releases the GIL), the pieces dealt out longest first; each starts from a fresh state."""
+    if not pieces:
+        return []
+    threads = max(1, min(threads, len(pieces)))
+    if threads == 1:
+        return vad.probs_batch(list(pieces))  # type: ignore[attr-defined]
+    by_length = sorted(range(len(pieces)), key=lambda i: len(pieces[i]), reverse=True)
+    shares = [by_length[k::threads] for k in range(threads)]
+    probs = [np.empty(0, np.float32)] * len(pieces)
+    with ThreadPoolExecutor(threads, thread_name_prefix="vad") as pool:
+        done = pool.map(lambda share: vad.probs_batch([pieces[i] for i in share]), shares)  # type: ignore[attr-defined]
+        for share, got in zip(shares, done, strict=True):
+            for i, p in zip(share, got, strict=True):
+                probs[i] = p
+    return probs

@@ -14,6 +14,7 @@ of first speech.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -54,32 +55,66 @@ def assign_speakers(chunks: Sequence[Segment], turns: Sequence[Turn]) -> list[Sp
     spans = sorted((t.start / RATE, t.end / RATE, t.speaker) for t in turns)
     out: list[SpokenSegment] = []
     for seg in sorted(chunks, key=lambda c: c.start):
-        if not seg.text:
-            continue
-        if not seg.words or not spans:
-            who = _most_of(spans, seg.start_s, seg.end_s)
-            out.append(SpokenSegment(seg.start_s, seg.end_s, who, seg.text, seg.words))
-            continue
-        run: list[Word] = []
-        run_speaker = -1
-        for w in seg.words:
-            who = _speaker_at(spans, (w.start + w.end) / 2)
-            if run and who != run_speaker:
-                out.append(_from_words(run, run_speaker, seg, out[-1].end if out else 0.0))
-                run = []
-            run.append(w)
-            run_speaker = who
-        if run:
-            out.append(_from_words(run, run_speaker, seg, out[-1].end if out else 0.0))
-    return renumbered(_merged(out))
+        out += split_at_speakers(seg, spans, out[-1].end if out else 0.0)
+    merger = SegmentMerger()
+    return [m for s in out for m in merger.add(s)] + merger.finish()
 
 
-def renumbered(segments: list[SpokenSegment]) -> list[SpokenSegment]:
-    """Speakers numbered 0, 1, ... in order of their first segment."""
-    order: dict[int, int] = {}
-    for s in segments:
-        order.setdefault(s.speaker, len(order))
-    return [SpokenSegment(s.start, s.end, order[s.speaker], s.text, s.words) for s in segments]
+def split_at_speakers(seg: Segment, spans: Sequence[tuple[float, float, int]],
+                      after: float) -> list[SpokenSegment]:
+    """One chunk's segments, split where its words change speaker; ``spans`` are (start s,
+    end s, speaker) turns in order, ``after`` is where the segment before it ends."""
+    if not seg.text:
+        return []
+    if not seg.words or not spans:
+        who = _most_of(spans, seg.start_s, seg.end_s)
+        return [SpokenSegment(seg.start_s, seg.end_s, who, seg.text, seg.words)]
+    starts = [a for a, _, _ in spans]
+    out: list[SpokenSegment] = []
+    run: list[Word] = []
+    run_speaker = -1
+    for w in seg.words:
+        who = _speaker_at(spans, starts, (w.start + w.end) / 2)
+        if run and who != run_speaker:
+            out.append(_from_words(run, run_speaker, seg, out[-1].end if out else after))
+            run = []
+        run.append(w)
+        run_speaker = who
+    if run:
+        out.append(_from_words(run, run_speaker, seg, out[-1].end if out else after))
+    return out
+
+
+class SegmentMerger:
+    """Segments in order in, segments out with neighbours of one speaker less than a second
+    apart joined (``merge``) and the speakers numbered 0, 1, ... in order of their first
+    segment; each comes out once the one after it shows it is complete (or at :meth:`finish`).
+    Without ``merge`` segments pass straight through, their speakers as they are."""
+
+    def __init__(self, merge: bool = True) -> None:
+        self.merge = merge
+        self._held: SpokenSegment | None = None
+        self._order: dict[int, int] = {}
+
+    def add(self, s: SpokenSegment) -> list[SpokenSegment]:
+        if not self.merge:
+            return [s]
+        last = self._held
+        if last is not None and last.speaker == s.speaker and s.start - last.end < 1.0 \
+                and last.words and s.words:
+            self._held = SpokenSegment(last.start, max(last.end, s.end), s.speaker,
+                                       f"{last.text} {s.text}", last.words + s.words)
+            return []
+        self._held = s
+        return [self._numbered(last)] if last is not None else []
+
+    def finish(self) -> list[SpokenSegment]:
+        last, self._held = self._held, None
+        return [self._numbered(last)] if last is not None else []
+
+    def _numbered(self, s: SpokenSegment) -> SpokenSegment:
+        who = self._order.setdefault(s.speaker, len(self._order))
+        return SpokenSegment(s.start, s.end, who, s.text, s.words)
 
 
 def _from_words(words: list[Word], speaker: int, seg: Segment, after: float) -> SpokenSegment:
@@ -93,28 +128,19 @@ def _joined(words: list[Word]) -> str:
     return " ".join(w.text.strip() for w in words if w.text.strip())
 
 
-def _merged(segments: list[SpokenSegment]) -> list[SpokenSegment]:
-    """Neighbours of one speaker with less than a second between them are one segment."""
-    out: list[SpokenSegment] = []
-    for s in segments:
-        last = out[-1] if out else None
-        if last is not None and last.speaker == s.speaker and s.start - last.end < 1.0 \
-                and last.words and s.words:
-            out[-1] = SpokenSegment(last.start, max(last.end, s.end), s.speaker,
-                                    f"{last.text} {s.text}", last.words + s.words)
-        else:
-            out.append(s)
-    return out
-
-
-def _speaker_at(spans: list[tuple[float, float, int]], t: float) -> int:
+def _speaker_at(spans: Sequence[tuple[float, float, int]], starts: list[float], t: float) -> int:
+    """The speaker whose turn holds time ``t``, else the nearest turn's (the earlier of two
+    equally near); ``spans`` sorted and apart, ``starts`` their starts."""
+    i = bisect_right(starts, t) - 1
+    if i >= 0 and t < spans[i][1]:
+        return spans[i][2]
     best, gap = spans[0][2], float("inf")
-    for a, b, who in spans:
-        if a <= t < b:
-            return who
-        d = a - t if t < a else t - b
-        if d < gap:
-            best, gap = who, d
+    for j in (i, i + 1):
+        if 0 <= j < len(spans):
+            a, b, who = spans[j]
+            d = a - t if t < a else t - b
+            if d < gap:
+                best, gap = who, d
     return best
 
 
@@ -126,4 +152,4 @@ def _most_of(spans: list[tuple[float, float, int]], a: float, b: float) -> int:
         talk[who] = talk.get(who, 0.0) + max(0.0, min(b, e) - max(a, s))
     if max(talk.values()) > 0:
         return max(talk, key=talk.__getitem__)
-    return _speaker_at(spans, (a + b) / 2)
+    return _speaker_at(spans, [s for s, _, _ in spans], (a + b) / 2)

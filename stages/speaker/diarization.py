@@ -78,25 +78,41 @@ def diarize(
     spans = merged_regions(regions, len(audio))
     if not spans:
         return []
-    window, step = round(opt.window_s * RATE), round(opt.step_s * RATE)
-    wins = [(r, a, b) for r, (s, e) in enumerate(spans) for a, b in windows_of(s, e, window, step)]
+    wins = speech_windows(spans, opt)
     vecs = embedder.embed([audio[a:b] for _, a, b in wins])
     threshold = opt.threshold if opt.threshold is not None else THRESHOLDS[embedder.frontend]
-    long = np.array([b - a >= opt.min_cluster_s * RATE for _, a, b in wins])
-    if not long.any():
-        long[:] = True
+    long = long_windows(wins, opt)
     labels = np.zeros(len(wins), np.int64)
     labels[long] = cluster(vecs[long], speakers, min_speakers, max_speakers, threshold)
     k = int(labels[long].max()) + 1
     if not long.all():
         labels[~long] = np.argmax(vecs[~long] @ centroids(vecs[long], labels[long], k).T, axis=1)
+    return first_appearance(speaker_turns(spans, wins, labels, k, opt))
+
+
+def speech_windows(spans: Sequence[tuple[int, int]], opt: DiarizationOptions) -> list[tuple[int, int, int]]:
+    """The embedding windows (span index, start, end) over each span."""
+    window, step = round(opt.window_s * RATE), round(opt.step_s * RATE)
+    return [(r, a, b) for r, (s, e) in enumerate(spans) for a, b in windows_of(s, e, window, step)]
+
+
+def long_windows(wins: Sequence[tuple[int, int, int]], opt: DiarizationOptions) -> np.ndarray:
+    """Which windows are long enough to shape the clusters (all, if none is)."""
+    long = np.array([b - a >= opt.min_cluster_s * RATE for _, a, b in wins], bool)
+    if not long.any():
+        long[:] = True
+    return long
+
+
+def speaker_turns(spans: Sequence[tuple[int, int]], wins: Sequence[tuple[int, int, int]],
+                  labels: np.ndarray, k: int, opt: DiarizationOptions) -> list[SpeakerTurn]:
+    """Each span cut into turns where its labelled windows change speaker."""
     by_region: list[list[tuple[int, int, int]]] = [[] for _ in spans]
     for (r, a, b), label in zip(wins, labels.tolist(), strict=True):
         by_region[r].append((a, b, label))
     min_turn = round(opt.min_turn_s * RATE)
-    turns = [
+    return [
         t
         for (s, e), ws in zip(spans, by_region, strict=True)
         for t in region_turns(s, e, ws, k, min_turn)
     ]
-    return first_appearance(turns)

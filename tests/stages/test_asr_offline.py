@@ -1,14 +1,14 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import speech
 
-from agent.audio import int16_to_float, write_wav
+from agent.audio import RATE, int16_to_float, write_wav
 from agent.config import VADConfig
 from stages.asr.offline import (
-    RATE,
     WINDOW,
     speech_regions,
     vad_probs,
@@ -56,7 +56,7 @@ def test_int16_files_give_what_their_float_copies_give():
     # a 90-minute file stays int16 (half the memory); each VAD window and each chunk is
     # converted as it is read, to exactly the floats a whole float copy would hold
     from agent.config import ASRConfig
-    from stages.asr.offline import transcribe_files
+    from stages.asr.progressive import transcribe_files
     from stages.asr.whisper import WhisperBackend
     from stages.vad import SileroModel
 
@@ -99,3 +99,34 @@ def test_transcribe_bad_input(tmp_path):
     r = subprocess.run([sys.executable, "-m", "agent.cli", "transcribe", str(bad)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no readable audio" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_transcribe_cli_streams_json_lines_and_keeps_what_a_damaged_file_held(tmp_path):
+    import soundfile
+
+    gap = np.zeros(3 * RATE, np.int16)  # long pauses: the damage falls in one of them
+    pcm = np.concatenate([x for name in REFS for x in (speech.load(name), gap)])
+    soundfile.write(tmp_path / "cut.flac", pcm, RATE)
+    data = (tmp_path / "cut.flac").read_bytes()
+    (tmp_path / "cut.flac").write_bytes(data[: int(len(data) * 0.75)])
+    write_wav(tmp_path / "whole.wav", pcm)
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "transcribe", str(tmp_path / "cut.flac"),
+                        str(tmp_path / "whole.wav"), "--json", "--max-chunk", "8"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr  # one file was damaged
+    assert "cut.flac is damaged" in r.stderr and "Traceback" not in r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    kinds = [(d["type"], Path(d["file"]).name) for d in lines]
+    # each file's segments as they were final, then its transcript
+    assert kinds[-1] == ("transcript", "whole.wav") and ("transcript", "cut.flac") in kinds
+    cut = next(d for d in lines if d["type"] == "transcript" and d["file"].endswith("cut.flac"))
+    seg_lines = [d for d in lines if d["type"] == "segment" and d["file"].endswith("cut.flac")]
+    assert kinds.index(("transcript", "cut.flac")) > max(
+        i for i, k in enumerate(kinds) if k == ("segment", "cut.flac"))
+    assert [s["text"] for s in seg_lines] == [s["text"] for s in cut["segments"]]
+    assert "damaged" in cut["error"] and 0 < cut["duration_s"] < len(pcm) / RATE
+    refs = list(REFS.values())
+    assert wer(" ".join(refs[:2]), cut["text"]) <= 0.1, cut["text"]  # what came before the damage
+    on_disk = json.loads((tmp_path / "cut.json").read_text())
+    assert on_disk["error"] == cut["error"] and on_disk["text"] == cut["text"]
+    assert "type" not in on_disk
