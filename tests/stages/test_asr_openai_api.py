@@ -24,6 +24,7 @@ RATE = 16000
 @dataclass
 class Heard:
     text: str
+    words: tuple = ()
 
 
 class CountingEngine:

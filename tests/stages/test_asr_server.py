@@ -327,7 +327,7 @@ def test_openai_compatible_endpoint(backend, pcm, tmp_path):
                                             data={"model": "whisper-1", "stream": "true"})
             out["no_file"] = await http.post(url, files={"model": (None, "whisper-1")})
             out["bad_format"] = await http.post(url, files={"file": ("k.wav", clip)},
-                                                data={"response_format": "srt"})
+                                                data={"response_format": "docx"})
             out["not_audio"] = await http.post(url, files={"file": ("k.wav", b"RIFF not really")})
             out["too_large"] = await http.post(url, files={"file": ("k.wav", b"\0" * 600_000)})
             out["get"] = await http.get(url)
