@@ -99,6 +99,13 @@ class Call:
                 await self.changed.wait()
         await asyncio.wait_for(wait(), timeout)
 
+    async def polled(self, pred, timeout: float = 60.0) -> None:  # noqa: ANN001
+        """Until ``pred()`` holds of state no frame announces (checked every 10 ms)."""
+        async def wait() -> None:
+            while not pred():
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(wait(), timeout)
+
     def of(self, kind: type) -> list:  # noqa: ANN401
         return [f for f in self.out if isinstance(f, kind)]
 
@@ -161,10 +168,13 @@ def test_a_candidate_the_caller_goes_on_from_is_discarded_unheard(
     async def main() -> Call:
         async with Call(llm, espeak) as call:
             call.push(TurnCandidate("I would like to book"))
-            await asyncio.sleep(0.8)  # long enough for held text and audio to exist
-            held_audio = sum(isinstance(f, TTSAudio) for f in call.tts._held.get(
-                call.llm._speculation.id, [])) if call.llm._speculation else 0
-            assert held_audio > 0
+
+            def held_audio() -> int:
+                spec = call.llm._speculation
+                return sum(isinstance(f, TTSAudio) for f in call.tts._held.get(spec.id, [])) \
+                    if spec else 0
+
+            await call.polled(lambda: held_audio() > 0)  # held text and audio exist (any CPU)
             call.push(goes_on)
             await asyncio.sleep(0.3)
             return call
@@ -184,7 +194,8 @@ def test_a_turn_with_other_text_discards_the_candidate_and_answers_afresh(
     async def main() -> Call:
         async with Call(llm, espeak) as call:
             call.push(TurnCandidate("What is the capital"))
-            await asyncio.sleep(0.4)
+            # the candidate's reply has begun (so there are tokens to throw away)
+            await call.polled(lambda: bool(call.llm._speculation and call.llm._speculation.tokens))
             call.push(UserTurnEnded(QUESTION))
             await call.until(lambda: bool(call.of(LLMEnd)))
             return call
