@@ -16,6 +16,9 @@ of first speech — or any format with a model name containing ``diarize`` (as O
 speakers. The upload is cut at the VAD's pauses, its chunks go through the shared engine and
 its speech windows through the speaker model (:func:`stages.asr.progressive.transcribe_with_engine`);
 streamed, the first segments go out after the first two minutes of audio are done.
+A damaged upload (cut short of what its header promises, or undecodable from some point on)
+is transcribed up to the damage: 200, with ``warning`` in the JSON (and in the stream's
+``transcript.text.done``) and an ``X-Voxline-Warning`` header saying where and why.
 Server-sent events are written whole (an event is never split, so neither is a character), the
 first at once and the rest at most every 50 ms (:class:`EventWriter`).
 Uploads are decoded in memory on one decode thread, never on the loop, by
@@ -53,7 +56,7 @@ from stages.asr.engine import ASREngine
 from stages.asr.engine_share import EngineShare
 from stages.asr.long_audio import Segment, transcribe_long
 from stages.asr.speakers import SpokenSegment
-from stages.asr.uploads import AudioTooLong, decode_upload
+from stages.asr.uploads import AudioTooLong, decode_upload, decode_upload_partial
 
 
 class TranscriptionServer(Protocol):
@@ -95,6 +98,9 @@ PATH = "/v1/audio/transcriptions"
 FORMATS = ("json", "text", "verbose_json", "srt", "vtt", "diarized_json")
 FLUSH_S = 0.05  # server-sent events: at most one write this often (the first at once)
 FIELD_LIMIT = 4096  # bytes of a non-file form field
+REFERENCE_LIMIT = 2 << 20  # bytes of one known_speaker_references[] data URL
+MAX_KNOWN = 4  # known speakers an upload may name (OpenAI's limit)
+REFERENCE_S = 30.0  # the longest sample of a known voice
 
 
 @dataclass(slots=True, frozen=True)
@@ -243,8 +249,9 @@ async def _transcribe(web: Any, request: Any, server: TranscriptionServer, limit
                            "asr-serve --word-times` (or --diarize)", "timestamp_granularities[]")
     data, filename = form.pop("file")
     loop = asyncio.get_running_loop()
-    pcm = await loop.run_in_executor(server.decode_pool, _decode, data, filename,
-                                     server.max_file_samples)
+    known = await _known_voices(form, server, diarized)
+    pcm, damage = await loop.run_in_executor(server.decode_pool, _decode, data, filename,
+                                             server.max_file_samples)
     del data
     try:
         slot = server.engine.open()
@@ -252,30 +259,36 @@ async def _transcribe(web: Any, request: Any, server: TranscriptionServer, limit
         raise RequestError(503, str(exc), kind="server_error") from None
     share = server.share()
     try:
+        labels = Labels()
         if stream:
-            return await _stream(web, request, server, share, slot, pcm, diarized)
-        segments = await _segments(server, share, slot, pcm, diarized)
+            return await _stream(web, request, server, share, slot, pcm, diarized, damage,
+                                 known, labels)
+        segments = await _segments(server, share, slot, pcm, diarized, known, labels)
     finally:
         share.close()
         server.engine.close_slot(slot)
     text = " ".join(s.text for s in segments if s.text)
     duration = round(len(pcm) / RATE, 3)
+    # a damaged upload: the transcript of what came before the damage, and a warning saying so
+    warned = {"warning": damage} if damage else {}
+    headers = {"X-Voxline-Warning": _printable(damage, 300)} if damage else None
     if fmt == "text":
-        return web.Response(text=text + "\n", content_type="text/plain")
+        return web.Response(text=text + "\n", content_type="text/plain", headers=headers)
     if fmt == "json":
-        return web.json_response({"text": text})
+        return _json(web, {"text": text, **warned}, headers)
     if fmt in ("srt", "vtt"):
         from agent import captions
 
-        cues = _captions(segments, diarized)
+        cues = _captions(segments, labels if diarized else None)
         body = captions.to_srt(cues) if fmt == "srt" else captions.to_vtt(cues)
-        return web.Response(text=body, content_type="text/plain" if fmt == "srt" else "text/vtt")
+        return web.Response(text=body, content_type="text/plain" if fmt == "srt" else "text/vtt",
+                            headers=headers)
     if fmt == "diarized_json":
         return _json(web, {
             "task": "transcribe", "duration": duration, "text": text,
-            "segments": [_diarized(i, s) for i, s in enumerate(segments)],
-            "usage": {"type": "duration", "seconds": duration},
-        })
+            "segments": [_diarized(i, s, labels) for i, s in enumerate(segments)],
+            "usage": {"type": "duration", "seconds": duration}, **warned,
+        }, headers)
     doc: dict[str, Any] = {
         "task": "transcribe",
         "language": server.language,
@@ -283,14 +296,73 @@ async def _transcribe(web: Any, request: Any, server: TranscriptionServer, limit
         "text": text,
         "segments": [
             {"id": i, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
-             **({"speaker": speaker_label(s.speaker)} if diarized else {})}
+             **({"speaker": labels.label(s.speaker)} if diarized else {})}
             for i, s in enumerate(segments)
         ],
     }
     if words:
         doc["words"] = [{"word": w.text.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
                         for s in segments for w in s.words]
-    return _json(web, doc)
+    return _json(web, {**doc, **warned}, headers)
+
+
+async def _known_voices(form: dict[str, Any], server: TranscriptionServer,
+                        diarized: bool) -> dict[str, np.ndarray] | None:
+    """``known_speaker_names[]`` with ``known_speaker_references[]`` (data URLs of a few
+    seconds of each voice: ``data:audio/wav;base64,...``) → name → the voice's mean embedding."""
+    names = form.get("known_speaker_names[]", [])
+    refs = form.get("known_speaker_references[]", [])
+    if not names and not refs:
+        return None
+    param = "known_speaker_names[]"
+    if not diarized:
+        raise RequestError(400, "known speakers go with diarized_json (or a model name with "
+                           "'diarize')", param)
+    if len(names) != len(refs):
+        raise RequestError(400, f"{len(names)} known_speaker_names[] but {len(refs)} "
+                           "known_speaker_references[]: give one reference per name", param)
+    if len(names) > MAX_KNOWN or len(set(names)) != len(names) or not all(names):
+        raise RequestError(400, f"known speakers: at most {MAX_KNOWN}, each with its own "
+                           "non-empty name", param)
+    blobs = [_data_url(r, i) for i, r in enumerate(refs)]
+    loop = asyncio.get_running_loop()
+    tools = server.speakers
+    return await loop.run_in_executor(server.decode_pool, _embed_voices, names, blobs,
+                                      tools.embedder if tools else None)
+
+
+def _data_url(ref: str, i: int) -> bytes:
+    import base64
+    import binascii
+
+    head, sep, body = ref.partition(",")
+    if not (sep and head.startswith("data:") and head.endswith(";base64")):
+        raise RequestError(400, f"known_speaker_references[{i}] must be a data URL "
+                           "(data:audio/wav;base64,...)", "known_speaker_references[]")
+    try:
+        return base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(400, f"known_speaker_references[{i}] is not valid base64",
+                           "known_speaker_references[]") from None
+
+
+def _embed_voices(names: list[str], blobs: list[bytes], embedder: Any) -> dict[str, np.ndarray]:
+    """Each known voice's mean window embedding (on the decode thread)."""
+    from stages.speaker.diarization import DiarizationOptions, speech_windows
+
+    out = {}
+    for i, (name, blob) in enumerate(zip(names, blobs, strict=True)):
+        try:
+            pcm = decode_upload(blob, int(REFERENCE_S * RATE), f"known_speaker_references[{i}]")
+        except AudioInputError as exc:
+            raise RequestError(400, str(exc), "known_speaker_references[]") from None
+        if len(pcm) < RATE:
+            raise RequestError(400, f"known_speaker_references[{i}] is under a second: give "
+                               "2-10 s of the voice", "known_speaker_references[]")
+        wins = speech_windows([(0, len(pcm))], DiarizationOptions())
+        mean = embedder.embed([pcm[a:b] for _, a, b in wins]).mean(axis=0)
+        out[name] = mean / max(float(np.linalg.norm(mean)), 1e-12)
+    return out
 
 
 def speaker_label(i: int) -> str:
@@ -303,36 +375,60 @@ def speaker_label(i: int) -> str:
     return label
 
 
-def _diarized(i: int, s: SpokenSegment) -> dict[str, Any]:
+class Labels:
+    """Speaker numbers as the response names them: a known voice by its name, the others A, B,
+    ... in order among themselves. Numbers come in order of first speech and each is named
+    when it first speaks, so a label once given never changes."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
+
+    def label(self, speaker: int) -> str:
+        if speaker in self.names:
+            return self.names[speaker]
+        return speaker_label(speaker - sum(1 for n in self.names if n < speaker))
+
+
+def _diarized(i: int, s: SpokenSegment, labels: Labels) -> dict[str, Any]:
     return {"type": "transcript.text.segment", "id": f"seg_{i}", "start": round(s.start, 3),
-            "end": round(s.end, 3), "text": s.text, "speaker": speaker_label(s.speaker)}
+            "end": round(s.end, 3), "text": s.text, "speaker": labels.label(s.speaker)}
 
 
-def _captions(segments: list[SpokenSegment], diarized: bool) -> list:
+def _captions(segments: list[SpokenSegment], labels: Labels | None) -> list:
     from agent.captions import CaptionSegment, CaptionWord
 
-    return [CaptionSegment(s.start, s.end, s.text, speaker_label(s.speaker) if diarized else None,
+    return [CaptionSegment(s.start, s.end, s.text, labels.label(s.speaker) if labels else None,
                            tuple(CaptionWord(w.text, w.start, w.end) for w in s.words))
             for s in segments if s.text]
 
 
-def _json(web: Any, doc: dict[str, Any]) -> Any:
-    return web.json_response(doc, dumps=lambda d: json.dumps(d, ensure_ascii=False))
+def _json(web: Any, doc: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+    return web.json_response(doc, dumps=lambda d: json.dumps(d, ensure_ascii=False),
+                             headers=headers)
 
 
 async def _segments(server: TranscriptionServer, share: EngineShare, slot: Any, pcm: np.ndarray,
-                    diarized: bool, on_segments: Any = None) -> list[SpokenSegment]:
+                    diarized: bool, known: dict[str, np.ndarray] | None, labels: Labels,
+                    on_segments: Any = None) -> list[SpokenSegment]:
     """The upload's segments: speaker-labelled through the VAD and the speaker model when
-    ``diarized``; otherwise chunks at quiet points, speaker -1."""
+    ``diarized`` (``labels`` learns the known voices' names as they speak); otherwise chunks
+    at quiet points, speaker -1."""
     if diarized:
         from stages.asr.progressive import DiarizeWith, transcribe_with_engine
 
         tools = server.speakers
         assert tools is not None
+
+        def each(segments: list[SpokenSegment], names: dict[int, str]) -> None:
+            labels.names.update(names)
+            if on_segments is not None:
+                on_segments(segments)
+
         done = await transcribe_with_engine(
             share, slot, pcm, tools.vad, server.decode_pool,
-            DiarizeWith(tools.embedder, tools.speakers, 1, tools.max_speakers),
-            on_segments=on_segments)
+            DiarizeWith(tools.embedder, tools.speakers, 1, tools.max_speakers, known=known),
+            on_segments=each)
+        labels.names.update(done.names or {})
         return done.segments
     out = []
 
@@ -371,7 +467,8 @@ async def _read_form(request: Any, limit: int) -> dict[str, Any]:
                 raw = bytearray()
                 while chunk := await part.read_chunk(1024):
                     raw += chunk
-                    if len(raw) > FIELD_LIMIT:
+                    if len(raw) > (REFERENCE_LIMIT if name == "known_speaker_references[]"
+                                   else FIELD_LIMIT):
                         raise RequestError(400, f"form field {_printable(name)!r} is too long", name)
                 value = raw.decode("utf-8", "replace").strip()
                 if name.endswith("[]"):  # an array field: each part one item
@@ -394,10 +491,12 @@ async def _read_form(request: Any, limit: int) -> dict[str, Any]:
     return form
 
 
-def _decode(data: bytes, filename: str, max_samples: int) -> np.ndarray:
-    """The upload as 16 kHz int16, decoded in memory (on the decode thread)."""
+def _decode(data: bytes, filename: str, max_samples: int) -> tuple[np.ndarray, str | None]:
+    """The upload as 16 kHz int16, decoded in memory (on the decode thread), and what damage
+    stopped it early, if any (the audio before the damage is kept)."""
     try:
-        return decode_upload(data, max_samples, filename)
+        pcm, damage = decode_upload_partial(data, max_samples, filename)
+        return pcm, None if damage is None else str(damage)
     except AudioTooLong as exc:
         raise RequestError(413, str(exc), "file") from None
     except AudioInputError as exc:
@@ -411,7 +510,8 @@ def _printable(text: str, limit: int = 100) -> str:
 
 
 async def _stream(web: Any, request: Any, server: TranscriptionServer, share: EngineShare,
-                  slot: Any, pcm: np.ndarray, diarized: bool) -> Any:
+                  slot: Any, pcm: np.ndarray, diarized: bool, damage: str | None,
+                  known: dict[str, np.ndarray] | None, labels: Labels) -> Any:
     """Server-sent events as segments become final: ``transcript.text.delta`` each (or, for
     a diarized upload, ``transcript.text.segment`` with its speaker), then
     ``transcript.text.done``; a failure after the headers is an ``error`` event."""
@@ -427,7 +527,7 @@ async def _stream(web: Any, request: Any, server: TranscriptionServer, share: En
             if not s.text:
                 continue
             if diarized:
-                writer.send(_diarized(count, s))
+                writer.send(_diarized(count, s, labels))
             else:
                 writer.send({"type": "transcript.text.delta",
                              "delta": s.text if not said else " " + s.text})
@@ -436,7 +536,7 @@ async def _stream(web: Any, request: Any, server: TranscriptionServer, share: En
 
     try:
         try:
-            await _segments(server, share, slot, pcm, diarized, on_segments=send)
+            await _segments(server, share, slot, pcm, diarized, known, labels, on_segments=send)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the headers are gone already: report in the stream
@@ -444,7 +544,7 @@ async def _stream(web: Any, request: Any, server: TranscriptionServer, share: En
         else:
             writer.send({"type": "transcript.text.done", "text": " ".join(said),
                          **({"usage": {"type": "duration", "seconds": round(len(pcm) / RATE, 3)}}
-                            if diarized else {})})
+                            if diarized else {}), **({"warning": damage} if damage else {})})
         await writer.close()
         await resp.write_eof()
     finally:

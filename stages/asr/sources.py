@@ -11,7 +11,6 @@ chunk, or a FLAC whose stream info, claims more samples than the file holds ends
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -28,7 +27,7 @@ from agent.audio import (
     to_mono,
 )
 from agent.errors import AudioInputError, require
-from stages.asr.uploads import _ffmpeg_words
+from stages.asr.uploads import _ffmpeg_words, _words, wav_frames
 
 BLOCK_S = 1.0  # seconds of source audio decoded per step: at most this is lost at a damage
 
@@ -111,7 +110,9 @@ class FileSource:
                 self._closing.append(f)
                 self._rate, self._file_channels = int(f.samplerate), int(f.channels)
                 # what the header promised (libsndfile trims a WAV's claim to the file)
-                promised = (_wav_frames(p, f.channels) if f.format in ("WAV", "WAVEX")
+                with open(p, "rb") as head:
+                    claim = wav_frames(head, f.channels) if f.format in ("WAV", "WAVEX") else None
+                promised = (claim if f.format in ("WAV", "WAVEX")
                             else int(f.frames) if f.format == "FLAC" else None)
                 self.channels = self._file_channels if self.split else 1
                 self.duration_s = (promised or int(f.frames)) / self._rate
@@ -210,36 +211,3 @@ class FileSource:
         for f in self._closing:
             f.close()
         self._closing = []
-
-
-def _wav_frames(path: Path, channels: int) -> int | None:
-    """The frames a PCM WAV's ``data`` chunk claims (None: unknown, as in a streamed WAV)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(12)
-            if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-                return None
-            width = 0
-            for _ in range(64):
-                chunk = f.read(8)
-                if len(chunk) < 8:
-                    return None
-                tag, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
-                if tag == b"fmt ":
-                    fmt = f.read(size + (size & 1))
-                    if len(fmt) >= 16:
-                        width = struct.unpack("<H", fmt[14:16])[0] // 8
-                    continue
-                if tag == b"data":
-                    if size in (0, 0xFFFFFFFF) or width == 0:
-                        return None
-                    return size // (width * channels)
-                f.seek(size + (size & 1), 1)
-    except OSError:
-        return None
-    return None
-
-
-def _words(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.removeprefix("Error : ").rstrip(".") or type(exc).__name__

@@ -14,6 +14,8 @@ stops — :class:`AudioTooLong` — the moment the audio passes it: memory is bo
 from __future__ import annotations
 
 import io
+import struct
+from typing import BinaryIO
 
 import numpy as np
 
@@ -85,11 +87,49 @@ def _adts(head: bytes) -> bool:
     return len(head) >= 2 and head[0] == 0xFF and head[1] & 0xF6 == 0xF0
 
 
+class DamagedUpload(AudioInputError):
+    """The upload's audio stops early: cut short of what its header promises, or undecodable
+    from some point on."""
+
+
 def decode_upload(data: bytes | memoryview, max_samples: int, label: str = "the upload") -> np.ndarray:
     """``data`` (a whole uploaded file) as mono int16 at 16 kHz. Raises
     :class:`UnsupportedUpload` for anything but the containers of :data:`DEMUXERS`,
-    :class:`AudioTooLong` as soon as the audio passes ``max_samples``, and AudioInputError when
-    it cannot be decoded; ``label`` is what the messages call it."""
+    :class:`AudioTooLong` as soon as the audio passes ``max_samples``, :class:`DamagedUpload`
+    when it stops early, and AudioInputError when it cannot be decoded; ``label`` is what the
+    messages call it."""
+    pcm, damage = decode_upload_partial(data, max_samples, label)
+    if damage is not None:
+        raise damage
+    return pcm
+
+
+def decode_upload_partial(data: bytes | memoryview, max_samples: int,
+                          label: str = "the upload") -> tuple[np.ndarray, DamagedUpload | None]:
+    """:func:`decode_upload`, but a damaged upload that held some audio before the damage gives
+    that audio and the damage (its message says where) instead of raising."""
+    try:
+        return _decode_all(data, max_samples, label), None
+    except _Partial as part:
+        return part.samples, part.damage
+
+
+class _Partial(Exception):
+    def __init__(self, samples: np.ndarray, damage: DamagedUpload) -> None:
+        self.samples, self.damage = samples, damage
+
+
+def _damaged(sink: _Sink, label: str, why: str) -> Exception:
+    """The damage as the exception to raise: with the audio before it when there is some."""
+    at = sink.seconds
+    if at <= 0:
+        return AudioInputError(f"cannot decode {label}: {why}")
+    return _Partial(sink.samples(), DamagedUpload(
+        f"{label} is damaged {at:.1f} s in ({why}): the transcript covers the audio before that "
+        "point"))
+
+
+def _decode_all(data: bytes | memoryview, max_samples: int, label: str) -> np.ndarray:
     if not len(data):
         raise AudioInputError(f"{label} is empty")
     kind = container_of(data)
@@ -127,6 +167,11 @@ class _Sink:
         if rate != RATE:
             soxr = require("soxr", what="resampling uploads", extra="embedded")
             self._stream = soxr.ResampleStream(rate, RATE, 1, dtype="float32", quality="HQ")
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of source audio taken so far."""
+        return self._source / self._rate if self._rate else 0.0
 
     @property
     def block(self) -> int:
@@ -171,16 +216,25 @@ def _soundfile(data: bytes | memoryview, kind: str, sink: _Sink, label: str) -> 
             return False
         sink.start(int(f.samplerate), int(f.channels), label)
         exact = f.subtype in _INT16_EXACT
+        # what the header promised (libsndfile trims a WAV's claim to what the file holds)
+        promised = (wav_frames(io.BytesIO(data), f.channels) if f.format in ("WAV", "WAVEX")
+                    else int(f.frames) if f.format == "FLAC" else None)
+        got = 0
         try:
             while True:
                 block = f.read(sink.block, dtype="int16" if exact else "float32", always_2d=True)
                 if not len(block):
-                    return True
+                    break
+                got += len(block)
                 sink.add(block if exact else float_to_int16(block))
         except AudioInputError:
             raise
         except Exception as exc:
-            raise AudioInputError(f"cannot decode {label}: corrupt {kind} data ({exc})") from None
+            raise _damaged(sink, label, f"corrupt {kind} data: {_words(exc)}") from None
+        if promised is not None and got < promised:
+            raise _damaged(sink, label, f"cut short: its header promises "
+                           f"{promised / f.samplerate:.1f} s")
+        return True
 
 
 def _ffmpeg(data: bytes | memoryview, kind: str, sink: _Sink, label: str) -> None:
@@ -208,7 +262,7 @@ def _ffmpeg(data: bytes | memoryview, kind: str, sink: _Sink, label: str) -> Non
         raise
     except Exception as exc:
         why = _ffmpeg_words(av, exc)
-        raise AudioInputError(f"cannot decode {label}: corrupt or unsupported {kind} data ({why})") from None
+        raise _damaged(sink, label, f"corrupt or unsupported {kind} data ({why})") from None
 
 
 def _int16(frame: object, exact: bool) -> np.ndarray:
@@ -223,3 +277,34 @@ def _ffmpeg_words(av: object, exc: Exception) -> str:
     if isinstance(exc, av.error.FFmpegError) and exc.strerror:  # type: ignore[attr-defined]
         return str(exc.strerror)
     return type(exc).__name__
+
+
+def _words(exc: Exception) -> str:
+    """libsndfile's reason, without its prefix."""
+    text = str(exc).strip()
+    return text.removeprefix("Error : ").rstrip(".") or type(exc).__name__
+
+
+def wav_frames(f: BinaryIO, channels: int) -> int | None:
+    """The frames a PCM WAV's ``data`` chunk claims, read from its header (None: unknown, as in
+    a streamed WAV whose size was never filled in)."""
+    head = f.read(12)
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    width = 0
+    for _ in range(64):
+        chunk = f.read(8)
+        if len(chunk) < 8:
+            return None
+        tag, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+        if tag == b"fmt ":
+            fmt = f.read(size + (size & 1))
+            if len(fmt) >= 16:
+                width = struct.unpack("<H", fmt[14:16])[0] // 8
+            continue
+        if tag == b"data":
+            if size in (0, 0xFFFFFFFF) or width == 0:
+                return None
+            return size // (width * channels)
+        f.seek(size + (size & 1), 1)
+    return None

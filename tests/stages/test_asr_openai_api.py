@@ -155,3 +155,25 @@ def test_audio_longer_than_the_server_takes_is_refused():
     assert resp.status_code == 413 and resp.json()["error"]["param"] == "file"
     assert "at most 1 s" in resp.json()["error"]["message"]
     assert server.engine.chunks == []
+
+
+def test_a_damaged_upload_gives_what_came_before_the_damage_and_says_so():
+    import soundfile
+
+    gap = np.zeros(2 * RATE, np.int16)
+    pcm = np.concatenate([speech.load("kittens"), gap, speech.load("honest"), gap])
+    flac = io.BytesIO()
+    soundfile.write(flac, pcm, RATE, format="FLAC")
+    cut_flac = flac.getvalue()[: int(len(flac.getvalue()) * 0.6)]
+    cut_wav = wav_bytes(pcm)[: 44 + 2 * 4 * RATE]  # the header promises all, 4 s arrive
+    (a, b, c), server = post_all([("c.flac", cut_flac, {}), ("c.wav", cut_wav, {}),
+                                  ("c.wav", cut_wav, {"response_format": "text"})])
+    for resp, why in ((a, "corrupt flac data"), (b, "cut short: its header promises")):
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["text"].startswith("n") and why in body["warning"]
+        assert "before that point" in body["warning"] and "damaged" in resp.headers["X-Voxline-Warning"]
+    assert c.status_code == 200 and "damaged 4.0 s in" in c.headers["X-Voxline-Warning"]
+    # the WAV's four seconds reached the engine, every sample of them
+    assert sum(len(x) for x in server.engine.chunks[1:2]) <= 4 * RATE
+    assert server.engine.open_slots == 0

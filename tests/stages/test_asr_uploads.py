@@ -123,3 +123,24 @@ def test_a_header_claiming_an_absurd_rate_is_refused():
     data[24:28] = (10**9).to_bytes(4, "little")  # sample rate
     with pytest.raises(AudioInputError, match="this server takes up to"):
         decode_upload(bytes(data), HOUR, "odd.wav")
+
+
+def test_a_cut_short_upload_raises_or_gives_its_audio_and_the_damage():
+    from stages.asr.uploads import DamagedUpload, decode_upload_partial
+
+    pcm = (np.random.default_rng(3).standard_normal(10 * 16000) * 3000).astype(np.int16)
+    wav = written(pcm, format="WAV")
+    cut = wav[: len(wav) // 2]
+    with pytest.raises(DamagedUpload, match="cut short: its header promises 10.0 s"):
+        decode_upload(cut, HOUR, "half.wav")
+    got, damage = decode_upload_partial(cut, HOUR, "half.wav")
+    assert isinstance(damage, DamagedUpload) and "half.wav is damaged 5.0 s in" in str(damage)
+    assert np.array_equal(got, pcm[: len(got)]) and len(got) == (len(cut) - 44) // 2
+    flac = written(pcm, format="FLAC")
+    got, damage = decode_upload_partial(flac[: len(flac) // 2], HOUR, "half.flac")
+    assert damage is not None and 0 < len(got) < len(pcm)
+    assert np.array_equal(got, pcm[: len(got)])  # lossless: what came before is exact
+    got, damage = decode_upload_partial(wav, HOUR, "whole.wav")
+    assert damage is None and np.array_equal(got, pcm)
+    with pytest.raises(AudioInputError, match="cannot decode"):  # damaged before any audio
+        decode_upload_partial(wav[:44], HOUR, "none.wav")
