@@ -50,7 +50,10 @@ from stages.asr.speakers import SegmentMerger, SpokenSegment, split_at_speakers
 
 ASR_PAD_WINDOWS = 10  # the ASR's regions: ~320 ms either side of the VAD's speech
 PIECES_S = (120, 240, 480)  # a file's first pieces, then the last one over and over
-ROUND_S = 600.0  # files are opened while a round holds less audio than this
+# Files are opened while a round holds less audio than this: short files share batches (the 24
+# recordings of benchmarks/diarization.py, 23 min: RTFx 66-69 in rounds of 600 s, 74-76 in
+# 1,200 s, 76-77 all at once), and memory holds at most this much of them (1,800 s: 58 MB).
+ROUND_S = 1800.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,6 +65,9 @@ class DiarizeWith:
     min_speakers: int = 1
     max_speakers: int = 8
     first_s: float = 60.0  # seconds of speech the first clustering waits for (or the end)
+    # known voices: name → L2-normalised mean embedding of a sample of the voice; a speaker
+    # found whose centroid is near one (within the clustering threshold) takes its name
+    known: dict[str, np.ndarray] | None = None
 
 
 @dataclass(slots=True)
@@ -71,6 +77,7 @@ class FileSegments:
     index: int
     name: str
     segments: list[SpokenSegment]
+    names: dict[int, str] | None = None  # speakers that are known voices, by number
 
 
 @dataclass(slots=True)
@@ -84,7 +91,9 @@ class FileDone:
     segments: list[SpokenSegment]
     results: list[FileResult]
     error: AudioInputError | None = None
-    turns: list[tuple[float, float, int]] | None = None  # diarized: every speaker turn (s)
+    # diarized: every speaker turn (start s, end s, speaker numbered as the segments are)
+    turns: list[tuple[float, float, int]] | None = None
+    names: dict[int, str] | None = None  # speakers that are known voices, by number
 
 
 class _Stream:
@@ -211,6 +220,9 @@ class _File:
         self.waiting: list[Segment] = []  # transcribed, waiting for their speakers
         self.last_end = 0.0
         self.merger = SegmentMerger(merge=diarize is not None)
+        self.known = dict(diarize.known) if diarize is not None and diarize.known else {}
+        self.names: dict[int, str] = {}
+        self._named: set[int] = set()
         self.pending: list[SpokenSegment] = []  # final, waiting for the other channels
         self.all: list[SpokenSegment] = []
 
@@ -265,8 +277,25 @@ class _File:
             out += self.merger.add(s)
         if self.eof:
             out += self.merger.finish()
+        for s in out:
+            if s.speaker not in self._named:
+                self._named.add(s.speaker)
+                self._name(s.speaker)
         self.all += out
         return out
+
+    def _name(self, number: int) -> None:
+        """Speaker ``number`` takes the name of the known voice nearest it, if one is near."""
+        if not self.known or self.diarizer is None:
+            return
+        free = [n for n in self.known if n not in self.names.values()]
+        if not free:
+            return
+        centre = self.diarizer.centroid(self.merger.raw(number))
+        distance = {n: 1.0 - float(self.known[n] @ centre) for n in free}
+        best = min(distance, key=distance.__getitem__)
+        if distance[best] < self.diarizer.threshold:
+            self.names[number] = best
 
     def _speakers(self, stream: _Stream, new: list[Segment]) -> None:
         assert self.diarizer is not None
@@ -294,7 +323,9 @@ class _File:
             s.result.segments.sort(key=lambda seg: seg.start)
         return FileDone(self.index, self.name, self.streams[0].end / RATE, self.all,
                         [s.result for s in self.streams], self.error,
-                        self.all_turns if self.diarizer is not None else None)
+                        [(a, b, self.merger.number(who)) for a, b, who in self.all_turns]
+                        if self.diarizer is not None else None,
+                        dict(self.names))
 
 
 def transcribe_progressively(
@@ -336,7 +367,7 @@ def transcribe_progressively(
         for f in active:
             ready = f.settle()
             if ready:
-                yield FileSegments(f.index, f.name, ready)
+                yield FileSegments(f.index, f.name, ready, dict(f.names))
             for s in f.streams:
                 s.trim()
             if f.eof:
@@ -405,12 +436,12 @@ async def transcribe_with_engine(
     pool: Executor,
     diarize: DiarizeWith | None = None,
     max_chunk_s: float = MAX_CHUNK_S,
-    on_segments: Callable[[list[SpokenSegment]], None] | None = None,
+    on_segments: Callable[[list[SpokenSegment], dict[int, str]], None] | None = None,
 ) -> FileDone:
     """One upload (int16 ``pcm``) the same way, its chunks through the shared engine on
     ``slot`` (``engine.max_batch`` at a time, so the float copies alive stay bounded); the VAD
     and the speaker embeddings run on ``pool``, never on the event loop. ``on_segments`` gets
-    the segments of each piece as they become final."""
+    the segments of each piece as they become final, and the known voices' names so far."""
     loop = asyncio.get_running_loop()
     f = _File(0, ArraySource("upload", [pcm]), max_chunk_s, False, diarize, PIECES_S)
     (s,) = f.streams
@@ -431,7 +462,7 @@ async def transcribe_with_engine(
         ready = await loop.run_in_executor(pool, f.settle)  # (speaker embeddings)
         s.trim()
         if ready and on_segments is not None:
-            on_segments(ready)
+            on_segments(ready, dict(f.names))
         if f.eof:
             return f.done()
 

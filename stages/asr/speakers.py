@@ -52,12 +52,21 @@ def interleave_channels(channels: Sequence[Sequence[Segment]]) -> list[SpokenSeg
 
 def assign_speakers(chunks: Sequence[Segment], turns: Sequence[Turn]) -> list[SpokenSegment]:
     """Split each chunk at the speaker changes its words fall on (see the module)."""
+    return assign_speakers_and_turns(chunks, turns)[0]
+
+
+def assign_speakers_and_turns(
+    chunks: Sequence[Segment], turns: Sequence[Turn]
+) -> tuple[list[SpokenSegment], list[tuple[float, float, int]]]:
+    """:func:`assign_speakers`, and the turns (start s, end s, speaker) numbered as the
+    segments are."""
     spans = sorted((t.start / RATE, t.end / RATE, t.speaker) for t in turns)
     out: list[SpokenSegment] = []
     for seg in sorted(chunks, key=lambda c: c.start):
         out += split_at_speakers(seg, spans, out[-1].end if out else 0.0)
     merger = SegmentMerger()
-    return [m for s in out for m in merger.add(s)] + merger.finish()
+    segments = [m for s in out for m in merger.add(s)] + merger.finish()
+    return segments, [(a, b, merger.number(who)) for a, b, who in spans]
 
 
 def split_at_speakers(seg: Segment, spans: Sequence[tuple[float, float, int]],
@@ -115,6 +124,14 @@ class SegmentMerger:
     def _numbered(self, s: SpokenSegment) -> SpokenSegment:
         who = self._order.setdefault(s.speaker, len(self._order))
         return SpokenSegment(s.start, s.end, who, s.text, s.words)
+
+    def number(self, raw: int) -> int:
+        """The number speaker ``raw`` has (or gets, if it has had no segment yet)."""
+        return self._order.setdefault(raw, len(self._order))
+
+    def raw(self, number: int) -> int:
+        """The speaker given out as ``number``, as it came in."""
+        return next(raw for raw, n in self._order.items() if n == number)
 
 
 def _from_words(words: list[Word], speaker: int, seg: Segment, after: float) -> SpokenSegment:

@@ -127,6 +127,10 @@ class OnlineDiarizer:
         np.add.at(self._sums, labels[joined], vecs[joined])
         return self._turns(spans, wins, labels)
 
+    def centroid(self, speaker: int) -> np.ndarray:
+        """Speaker ``speaker``'s mean embedding, L2-normalised."""
+        return self._centroids()[speaker]
+
     def _centroids(self) -> np.ndarray:
         sums = self._sums if self._sums is not None else np.zeros((0, self.embedder.dim))
         return (sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)).astype(

@@ -191,3 +191,33 @@ def test_events_go_out_whole_the_first_at_once_then_at_most_every_50_ms():
     assert [e["delta"] for e in events] == ["東京で"] + [f" é{i}" for i in range(200)]
     for _, data in writes:  # every write is whole events: UTF-8 that decodes on its own
         assert data.endswith(b"\n\n") and data.decode("utf-8")
+
+
+def test_a_known_voice_is_named_and_the_others_lettered(server_url):
+    import base64
+
+    url, _ = server_url
+    clip, _ = two_voices()
+    # another recording of voice A, not in the upload
+    sample = io.BytesIO()
+    soundfile.write(sample, read_audio(SPEAKER / "ls-dev-clean-1988-24833-0001.wav"), RATE,
+                    format="WAV", subtype="PCM_16")
+    ref = "data:audio/wav;base64," + base64.b64encode(sample.getvalue()).decode()
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    got = client.audio.transcriptions.create(
+        model="gpt-4o-transcribe-diarize", file=("t.wav", clip), response_format="diarized_json",
+        known_speaker_names=["agnes"], known_speaker_references=[ref])
+    speakers = [s.speaker for s in got.segments]
+    assert speakers[0] == "agnes" and set(speakers) == {"agnes", "A"}, speakers
+    quilter = next(s for s in got.segments if "quilter" in s.text.lower())
+    assert quilter.speaker == "A"  # the voice nobody named gets the first letter
+    with pytest.raises(openai.BadRequestError, match="one reference per name"):
+        client.audio.transcriptions.create(
+            model="gpt-4o-transcribe-diarize", file=("t.wav", clip),
+            response_format="diarized_json", known_speaker_names=["a", "b"],
+            known_speaker_references=[ref])
+    with pytest.raises(openai.BadRequestError, match="data URL"):
+        client.audio.transcriptions.create(
+            model="gpt-4o-transcribe-diarize", file=("t.wav", clip),
+            response_format="diarized_json", known_speaker_names=["a"],
+            known_speaker_references=["https://example.com/a.wav"])
