@@ -124,7 +124,7 @@ def _main_progressive(args: argparse.Namespace, cfg: Any, want_words: bool, embe
                 sources, backend, vad, args.batch_size, args.max_chunk, split=split,
                 diarize=diarize, vad_threads=cfg.asr.threads, on_progress=advance):
             if isinstance(event, FileDone):
-                out.done(event.name, event.duration_s, event.segments, event.error)
+                out.done(event.name, event.duration_s, event.segments, event.error, event.turns)
             else:
                 out.segments(event.name, event.segments)
     wall = time.perf_counter() - t0
@@ -160,9 +160,9 @@ def _main_ray(args: argparse.Namespace, cfg: Any, want_words: bool, embedder: An
     results = iter(pool.transcribe(units))
     for inp in inputs:
         mine = [next(results) for _ in inp.channels]
-        segments = _speakers(inp, mine, args, embedder, split)
+        segments, turns = _speakers(inp, mine, args, embedder, split)
         out.segments(inp.name, segments)
-        out.done(inp.name, inp.duration_s, segments, None)
+        out.done(inp.name, inp.duration_s, segments, None, turns)
     wall = time.perf_counter() - t0
     what = ", speakers by channel" if split else (", diarized" if args.diarize else "")
     out.summary(wall, cfg, what + f", on Ray Data with {args.ray_actors} engine actors")
@@ -264,10 +264,15 @@ class _Output:
             line = {"type": "segment", "file": name, **_segment_dict(c)}
             print(json.dumps(line, ensure_ascii=False), flush=True)
 
-    def done(self, name: str, duration_s: float, segments: list, error: Exception | None) -> None:
+    def done(self, name: str, duration_s: float, segments: list, error: Exception | None,
+             turns: list | None) -> None:
         from agent import captions as fmt
+        from stages.asr.speakers import SpokenSegment
 
         captions = _captions(segments, self.names, self.words, self.labelled)
+        # RTTM: the diarizer's speaker turns when there are some, else the segments' spans
+        speech = captions if turns is None else _captions(
+            [SpokenSegment(a, b, who, "") for a, b, who in turns], self.names, False, True)
         doc = {"type": "transcript", **fmt.to_json(captions, file=name, duration_s=duration_s)}
         if error is not None:
             doc["error"] = str(error)
@@ -278,7 +283,7 @@ class _Output:
         if self.args.json:
             print(json.dumps(doc, ensure_ascii=False), flush=True)
         if not self.args.no_write:
-            _write(name, doc, captions, self.formats, self.out_dir)
+            _write(name, doc, captions, speech, self.formats, self.out_dir)
 
     def summary(self, wall: float, cfg: Any, what: str) -> None:
         rtfx = self.audio_s / wall if wall > 0 else float("inf")
@@ -340,23 +345,25 @@ def _backend(cfg: Any, words: bool):  # noqa: ANN202 — an ASRBackend
 
 
 def _speakers(inp: _Input, results: list, args: argparse.Namespace, embedder: Any,
-              split: bool) -> list:
-    """The file's segments with their speakers (channels, diarization, or none: -1)."""
-    from stages.asr.speakers import SpokenSegment, assign_speakers, interleave_channels
+              split: bool) -> tuple[list, list | None]:
+    """The file's segments with their speakers (channels, diarization, or none: -1), and the
+    diarizer's turns when it ran."""
+    from stages.asr.speakers import SpokenSegment, assign_speakers_and_turns, interleave_channels
 
     if split:
-        return interleave_channels([r.segments for r in results])
+        return interleave_channels([r.segments for r in results]), None
     (r,) = results
     if embedder is not None:
         from stages.speaker import diarize
 
         turns = diarize(inp.channels[0], r.speech, embedder, speakers=args.speakers,
                         min_speakers=args.min_speakers, max_speakers=args.max_speakers)
-        return assign_speakers(r.segments, turns)
-    return [SpokenSegment(s.start_s, s.end_s, -1, s.text, s.words) for s in r.segments]
+        return assign_speakers_and_turns(r.segments, turns)
+    return [SpokenSegment(s.start_s, s.end_s, -1, s.text, s.words) for s in r.segments], None
 
 
 def _captions(segments: list, names: list[str], keep_words: bool, labelled: bool) -> list:
+    """CaptionSegments of SpokenSegments, speakers named (``--speaker-names``, else speaker_N)."""
     from agent.captions import CaptionSegment, CaptionWord
 
     def name(i: int) -> str | None:
@@ -370,7 +377,8 @@ def _captions(segments: list, names: list[str], keep_words: bool, labelled: bool
             for s in segments]
 
 
-def _write(name: str, doc: dict, captions: list, formats: list[str], out_dir: Path | None) -> None:
+def _write(name: str, doc: dict, captions: list, speech: list, formats: list[str],
+           out_dir: Path | None) -> None:
     from agent import captions as fmt
 
     src = Path(name)
@@ -383,7 +391,7 @@ def _write(name: str, doc: dict, captions: list, formats: list[str], out_dir: Pa
         elif f == "vtt":
             text = fmt.to_vtt(captions)
         else:
-            text = fmt.to_rttm(captions, file_id=src.stem)
+            text = fmt.to_rttm(speech, file_id=src.stem)
         ((out_dir or src.parent) / f"{src.stem}.{f}").write_text(text, encoding="utf-8")
 
 
