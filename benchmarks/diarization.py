@@ -268,6 +268,7 @@ def main() -> int:
             [ArraySource(n, [a]) for n, a in audios], timed, vad, args.batch_size,
             diarize=DiarizeWith(emb, first_s=first_s), vad_threads=args.threads,
             pieces_s=pieces) if isinstance(e, FileDone)]
+        done.sort(key=lambda d: d.index)  # (files finish in any order)
         return time.perf_counter() - t0, [d.turns or [] for d in done]
 
     best_plain = min(transcribed(plain)[0] for _ in range(args.repeat))

@@ -342,7 +342,8 @@ def transcribe_progressively(
     pieces_s: Sequence[int] = PIECES_S,
 ) -> Iterator[FileSegments | FileDone]:
     """Transcribe ``sources`` (see the module): yields :class:`FileSegments` as segments become
-    final and one :class:`FileDone` per file, files finishing in their order. ``on_progress``
+    final and one :class:`FileDone` per file as it finishes — a short file may finish before a
+    long one opened earlier (``index`` is the source's place). ``on_progress``
     gets seconds of audio finished. ``pieces_s``: whole minutes (the VAD's pieces), except to
     study the pieces' effect (any length works; the VAD's answers then differ a little)."""
     todo = iter(sources)
@@ -391,12 +392,10 @@ def transcribe_files(
     :func:`transcribe_progressively` over them, collected (``voxline transcribe --ray``'s
     engine actors, and benchmarks)."""
     sources = [ArraySource(name, [audio]) for name, audio in audios]
-    out: list[FileResult] = []
-    for event in transcribe_progressively(sources, backend, vad, batch_size, max_chunk_s,
-                                          vad_threads=vad_threads, on_progress=on_progress):
-        if isinstance(event, FileDone):
-            out += event.results
-    return out
+    done = [e for e in transcribe_progressively(sources, backend, vad, batch_size, max_chunk_s,
+                                                vad_threads=vad_threads, on_progress=on_progress)
+            if isinstance(e, FileDone)]
+    return [r for d in sorted(done, key=lambda d: d.index) for r in d.results]
 
 
 def _vad(streams: list[_Stream], vad: object, threads: int) -> None:

@@ -235,3 +235,18 @@ def test_diarized_progressive_run_labels_every_segment(models):
     # every "kittens" line (speaker A) is on the speaker of the first segment
     kittens = [s for s in done.segments if "kittens" in s.text.lower()]
     assert len(kittens) == 3 and {s.speaker for s in kittens} == {done.segments[0].speaker}
+
+
+def test_a_short_file_after_a_long_one_finishes_first_and_results_keep_the_inputs_order(models):
+    from stages.asr.progressive import transcribe_files
+
+    backend, vad = models
+    long, said = recording(200)  # two pieces: 120 s, then the rest
+    short = speech.load("honest")
+    events = list(transcribe_progressively([ArraySource("long", [long]), ArraySource("short", [short])],
+                                           backend, vad, max_chunk_s=12.0))
+    assert [e.name for e in events if isinstance(e, FileDone)] == ["short", "long"]
+    assert [e.index for e in events if isinstance(e, FileDone)] == [1, 0]
+    results = transcribe_files([("long", long), ("short", short)], backend, vad, max_chunk_s=12.0)
+    assert [r.name for r in results] == ["long", "short"]
+    assert wer(speech.text("honest"), results[1].text) == 0
