@@ -21,14 +21,17 @@ FORMATS = ("json", "srt", "vtt", "rttm")
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "transcribe", help="transcribe audio files offline (batched, with RTFx), with speakers",
-        description="Cuts each file at VAD pauses into chunks of at most --max-chunk seconds, "
-        "transcribes all chunks of all files in batches, and writes the transcript beside each "
+        description="Reads each file a piece at a time, cuts it at VAD pauses into chunks of at "
+        "most --max-chunk seconds, transcribes the chunks of all files in batches, and writes "
+        "the transcript beside each "
         "input (JSON: text, segments with start/end times, and speakers and words when asked "
         "for; SRT, WebVTT and RTTM with --format). Speakers come from the channels of a call "
         "recording (--channels split) or from diarization of mono audio (--diarize).",
     )
     p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--json", action="store_true", help="print one JSON object per file on stdout")
+    p.add_argument("--json", action="store_true",
+                   help="JSON lines on stdout: each segment as soon as it is final "
+                   '("type": "segment"), then each file\'s whole transcript ("type": "transcript")')
     p.add_argument("--batch-size", type=int, default=16, metavar="N")
     p.add_argument("--max-chunk", type=float, default=28.0, metavar="S",
                    help="longest chunk in seconds (default 28; Whisper's window is 30)")
