@@ -70,10 +70,12 @@ def to_json(segments: Iterable[CaptionSegment], *, file: str, duration_s: float)
     }
 
 
-def json_line(segment: CaptionSegment) -> str:
+def json_line(segment: CaptionSegment, **fields: object) -> str:
     """One segment as one line of JSON (no newline at the end), for streaming results as they
-    finish; characters outside ASCII are written as themselves."""
-    return json.dumps(segment_dict(segment), ensure_ascii=False, separators=(",", ":"))
+    finish, after ``fields`` (``voxline transcribe --json``: its type and file); characters
+    outside ASCII are written as themselves."""
+    return json.dumps({**fields, **segment_dict(segment)}, ensure_ascii=False,
+                      separators=(",", ":"))
 
 
 # --- subtitles ----------------------------------------------------------------------------------

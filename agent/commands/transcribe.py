@@ -261,11 +261,12 @@ class _Output:
         self.files, self.audio_s, self.damaged = 0, 0.0, 0
 
     def segments(self, name: str, segments: list) -> None:
+        from agent.captions import json_line
+
         if not self.args.json:
             return
         for c in _captions(segments, self.names, self.words, self.labelled):
-            line = {"type": "segment", "file": name, **_segment_dict(c)}
-            print(json.dumps(line, ensure_ascii=False), flush=True)
+            print(json_line(c, type="segment", file=name), flush=True)
 
     def done(self, name: str, duration_s: float, segments: list, error: Exception | None,
              turns: list | None) -> None:
@@ -294,12 +295,6 @@ class _Output:
                f"{rtfx:.1f} (audio seconds per wall second, after model load; asr "
                f"{cfg.asr.backend}, batch {self.args.batch_size}{what})")
         print(msg, file=sys.stderr if self.args.json else sys.stdout)
-
-
-def _segment_dict(c: Any) -> dict:
-    from agent.captions import segment_dict
-
-    return segment_dict(c)
 
 
 def _formats(spec: str) -> list[str]:

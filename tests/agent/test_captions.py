@@ -100,6 +100,8 @@ def test_json_lines_are_one_segment_each():
         assert json.loads(line) == captions.segment_dict(seg)
         jsonschema.validate(json.loads(line), SEGMENT_SCHEMA)
     assert "東京" in captions.json_line(conversation()[-1])  # written as itself, not \\u escapes
+    tagged = json.loads(captions.json_line(conversation()[0], type="segment", file="a.wav"))
+    assert list(tagged)[:2] == ["type", "file"] and tagged["file"] == "a.wav"
 
 
 # --- SRT --------------------------------------------------------------------------------------
