@@ -93,7 +93,6 @@ class FileSource:
             soxr = require("soxr", what="resampling audio", extra="embedded")
             self._resampler = soxr.ResampleStream(self._rate, RATE, self.channels,
                                                   dtype="float32", quality="HQ")
-        self._source_read = 0  # samples at the source rate
 
     # --- opening -------------------------------------------------------------------------
     def _open(self, p: Path) -> Iterator[np.ndarray]:
@@ -108,13 +107,13 @@ class FileSource:
                 f = None
             if f is not None:
                 self._closing.append(f)
-                self._rate, self._file_channels = int(f.samplerate), int(f.channels)
+                self._rate, file_channels = int(f.samplerate), int(f.channels)
                 # what the header promised (libsndfile trims a WAV's claim to the file)
                 with open(p, "rb") as head:
                     claim = wav_frames(head, f.channels) if f.format in ("WAV", "WAVEX") else None
                 promised = (claim if f.format in ("WAV", "WAVEX")
                             else int(f.frames) if f.format == "FLAC" else None)
-                self.channels = self._file_channels if self.split else 1
+                self.channels = file_channels if self.split else 1
                 self.duration_s = (promised or int(f.frames)) / self._rate
                 return self._soundfile_blocks(f, promised)
         av = require("av", what="reading audio files", extra="embedded")
@@ -130,8 +129,8 @@ class FileSource:
             raise AudioInputError(f"{self.name} has no audio stream")
         stream = streams[0]
         self._rate = int(stream.rate or RATE)
-        self._file_channels = int(stream.codec_context.channels or 1)
-        self.channels = self._file_channels if self.split else 1
+        file_channels = int(stream.codec_context.channels or 1)
+        self.channels = file_channels if self.split else 1
         self.duration_s = (float(container.duration) / 1e6 if container.duration else None)
         return self._av_blocks(av, container, stream)
 
@@ -190,7 +189,6 @@ class FileSource:
         return out
 
     def _convert(self, block: np.ndarray) -> np.ndarray:
-        self._source_read += len(block)
         x = block if self.split else to_mono(block).reshape(-1, 1)
         if self._resampler is not None:
             x = float_to_int16(self._resampler.resample_chunk(int16_to_float(x)))
