@@ -104,3 +104,18 @@ def joined(names: tuple[str, ...], gap_s: float = 0.0, tail_s: float = 0.0,
     get = load if perturbed else samples
     parts = [p for i, n in enumerate(names) for p in (get(n), gap if i < len(names) - 1 else tail)]
     return np.concatenate(parts), " ".join(text(n) for n in names)
+
+
+def matroska(pcm: np.ndarray, target: object) -> None:
+    """Write 16-kHz int16 mono ``pcm`` as PCM in Matroska to ``target`` (a path or a binary
+    file object): a container libsndfile cannot read, so decoding goes through PyAV."""
+    import av
+
+    with av.open(target if not isinstance(target, Path) else str(target), "w",
+                 format="matroska") as out:
+        stream = out.add_stream("pcm_s16le", rate=16000)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+        frame.sample_rate = 16000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
