@@ -42,6 +42,7 @@ STAGES: dict[str, str] = {
     "llm": "stages.llm.stage:LLMStage",
     "tts": "stages.tts.stage:TTSStage",
     "echo": "stages.echo:EchoGuard",
+    "echo_test": "stages.echo_test:EchoTest",
 }
 
 
@@ -115,6 +116,17 @@ def new_session(cfg: Config, models: Models, telephony: bool = False, record_dir
     the greeting), with its own echo guard where ``[echo]`` puts one (``telephony``: a SIP or
     Twilio call). ``record_dir``: the call is recorded there as it goes — ``<session>.wav``
     (stereo: caller left, agent right) and ``<session>.jsonl`` (its trace)."""
+    return _session(cfg, build_pipeline(cfg, models), record_dir,
+                    echo=new_echo_guard(cfg, telephony))
+
+
+def new_echo_test_session(cfg: Config, record_dir: str = "") -> Any:
+    """One echo-test call (``--echo-test``): the caller's audio played back to it, no model
+    and no echo guard (the caller hears the line as it is); recorded like any call."""
+    return _session(cfg, Pipeline([load(STAGES["echo_test"])()]), record_dir, echo=None)
+
+
+def _session(cfg: Config, pipeline: Pipeline, record_dir: str, echo: Any) -> Any:
     from agent.session import Session, new_session_id
     from agent.trace import Trace
 
@@ -127,8 +139,7 @@ def new_session(cfg: Config, models: Models, telephony: bool = False, record_dir
         recorder = CallRecorder(Path(record_dir) / f"{sid}.wav")
         path = Path(record_dir) / f"{sid}.jsonl"
     trace = Trace(cfg.trace.budgets, path=path, session_id=sid)
-    return Session(build_pipeline(cfg, models), trace, session_id=sid,
-                   echo=new_echo_guard(cfg, telephony), recorder=recorder)
+    return Session(pipeline, trace, session_id=sid, echo=echo, recorder=recorder)
 
 
 def check_record_dir(path: str) -> None:

@@ -92,8 +92,10 @@ class VoiceServer:
         metrics: MetricsRender | None = None,
         ready_checks: Sequence[Check] = (),
         loaded: bool = True,
+        new_echo_session: SessionFactory | None = None,
     ) -> None:
         self.new_session = new_session
+        self.new_echo_session = new_echo_session  # /ws/echo: the echo test (None: no route)
         self.host = host
         self.port = port
         self.admission = Admission(host, token, max_calls, public_url, twilio_auth_token,
@@ -124,6 +126,8 @@ class VoiceServer:
             web.get("/ws", self._websocket),
             web.post("/offer", self._offer),
         ])
+        if self.new_echo_session is not None:
+            app.add_routes([web.get("/ws/echo", self._echo_websocket)])
         self.ops.add_routes(app)
         app.router.add_static("/static/", self.web_root)
         app[LIVE_SOCKETS] = set()
@@ -244,19 +248,28 @@ class VoiceServer:
             return "cannot start a call: the server could not (its log says why)"
         return f"cannot start a call: {exc}"
 
-    def _open_session(self) -> Session:
-        session = self.new_session()
+    def _open_session(self, factory: SessionFactory | None = None) -> Session:
+        session = (factory or self.new_session)()
         self.calls[session.id] = None  # listed before any await (admission holds its place)
         self.served += 1
         return session
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        return await self._ws_call(request, self.new_session)
+
+    async def _echo_websocket(self, request: web.Request) -> web.StreamResponse:
+        """The echo test over the browser protocol: the caller's audio comes back to it."""
+        if self.new_echo_session is None:  # (the route exists only with one)
+            raise web.HTTPNotFound()
+        return await self._ws_call(request, self.new_echo_session)
+
+    async def _ws_call(self, request: web.Request, factory: SessionFactory) -> web.StreamResponse:
         ticket = self._admit(request)
         try:
             ws = web.WebSocketResponse(max_msg_size=codec.MAX_WIRE_BYTES, heartbeat=20.0)
             await ws.prepare(request)
             try:
-                session = self._open_session()
+                session = self._open_session(factory)
             except Exception as exc:  # e.g. no free ASR slot
                 log.exception("could not start a call")
                 await ws.send_str(codec.encode_event(

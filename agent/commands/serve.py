@@ -58,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--record", metavar="DIR", default="",
                    help="record every call in DIR as it goes: <session>.wav (stereo: caller "
                         "left, agent right, as heard) and <session>.jsonl (its trace)")
+    p.add_argument("--echo-test", action="store_true",
+                   help="also serve the echo test at /ws/echo: the caller's audio played back "
+                        "to it (no model), to check a line's audio and round trip")
     add_ops_flags(p)
     ray = p.add_argument_group("scale-out on Ray Serve (voxline[ray])")
     ray.add_argument("--ray", action="store_true",
@@ -89,6 +92,11 @@ def main(args: argparse.Namespace) -> int:
     if args.ray:
         from agent.commands.ray_serve import serve_main
 
+        if args.echo_test:
+            from agent.errors import ConfigError
+
+            raise ConfigError("--echo-test is served by a plain voxline serve, not with --ray")
+
         return serve_main(args, cfg)
     return runtime.run(_serve(args, cfg), cfg.runtime)
 
@@ -106,6 +114,9 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
         # (models are loaded before the server listens); [echo] auto guards Twilio calls only
         return presets.new_session(cfg, models, telephony, record_dir=args.record)
 
+    def new_echo_session() -> Session:
+        return presets.new_echo_test_session(cfg, record_dir=args.record)
+
     # the server and its routes first: a refused configuration fails before the models load
     server = VoiceServer(new_session, host=args.host, port=args.port, token=args.token,
                          max_calls=args.max_calls, ice_servers=args.ice_server,
@@ -114,7 +125,8 @@ async def _serve(args: argparse.Namespace, cfg: Config) -> int:
                          max_calls_per_client=args.max_calls_per_client,
                          allowed_origins=args.allow_origin, allowed_hosts=args.allow_host,
                          extra_stats=lambda: asr_stats(models.asr),
-                         ready_checks=[lambda: slot_check(models.asr)()], loaded=False)
+                         ready_checks=[lambda: slot_check(models.asr)()], loaded=False,
+                         new_echo_session=new_echo_session if args.echo_test else None)
     telemetry = Telemetry("serve", args)
     server.ops.metrics = telemetry.metrics.render
     telemetry.metrics.add_source(server.metric_samples)

@@ -50,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="calls one source address may hold at once; 0 no limit besides "
                           "--max-calls (default: a trunk or PBX brings every call from one "
                           "address)")
+    sip.add_argument("--echo-test", action="store_true",
+                     help="answer sip:echo@… with the echo test: the caller's audio played back "
+                          "(no model), to check a line's audio and round trip")
     sip.add_argument("--transfer-to", default="", metavar="URI",
                      help="where the agent transfers a caller (SIP REFER) when it names no "
                           "target: a SIP URI, or a number or name, which becomes a SIP URI at "
@@ -184,18 +187,27 @@ class CallPrinter:
                   flush=True)
 
 
+def _echo_test(summary: dict[str, Any]) -> dict[str, Any]:
+    """An echo-test call's end record also says what it played back (``echo_test``)."""
+    for e in summary.get("events", ()):
+        if e.get("event") == "echo_test":
+            return {"echo_test": {k: e[k] for k in ("echoed_samples", "dropped_samples") if k in e}}
+    return {}
+
+
 def session_factory(cfg: Config, models: Any, printer: CallPrinter | None = None,
-                    record_dir: str = "") -> Any:
+                    record_dir: str = "", echo_test: bool = False) -> Any:
     """One fresh pipeline and session per call, sharing the loaded models (recorded into
-    ``record_dir`` when one is given)."""
+    ``record_dir`` when one is given); ``echo_test``: the echo test's sessions instead."""
     from agent.events import EVENT_FRAMES, frame_event, trace_event
     from agent.frames import Dtmf
-    from agent.presets import new_session
+    from agent.presets import new_echo_test_session, new_session
     from agent.session import Session
 
     def make(*_: Any) -> Session:
-        session = new_session(cfg, models, telephony=True,  # [echo] auto: guarded
-                              record_dir=record_dir)
+        session = (new_echo_test_session(cfg, record_dir=record_dir) if echo_test
+                   else new_session(cfg, models, telephony=True,  # [echo] auto: guarded
+                                    record_dir=record_dir))
         trace = session.trace
         if printer is not None:
             def on_frame(frame: Any) -> None:
@@ -274,11 +286,13 @@ async def _serve_sip(args: argparse.Namespace, cfg: Config) -> int:
             "seconds": round(r.seconds, 1), "jitter": r.jitter,
             "malformed_rtp": r.media.malformed, "dtmf": r.media.dtmf,
             "rtp_dropped": {"foreign": r.media.foreign, "stray_ssrc": r.media.stray_ssrc},
-            "rtp_send_errors": r.media.send_errors}),
+            "rtp_send_errors": r.media.send_errors, **_echo_test(r.summary)}),
         media_peers=media_peers, invite_rate=invite_rate, invite_burst=args.invite_burst,
         max_calls_per_source=args.max_calls_per_source, rtp_timeout_s=args.rtp_timeout,
         ready_checks=(slot_check(models.asr),), transfer_to=args.transfer_to,
         transfer_timeout_s=args.transfer_timeout,
+        echo_session_factory=(session_factory(cfg, models, printer, args.record, echo_test=True)
+                              if args.echo_test else None),
     )
     server.ops.metrics = telemetry.metrics.render
     telemetry.metrics.add_source(server.metric_samples)

@@ -11,8 +11,8 @@ SDP_OFFER = (
 
 def request(method: str, call_id: str = "abc@127.0.0.1", cseq: int = 1, body: str = "",
             to_tag: str = "", drop: tuple[str, ...] = (), content_length: int | None = None,
-            content_type: str = "application/sdp") -> bytes:
-    to = "<sip:agent@127.0.0.1:5060>" + (f";tag={to_tag}" if to_tag else "")
+            content_type: str = "application/sdp", user: str = "agent") -> bytes:
+    to = f"<sip:{user}@127.0.0.1:5060>" + (f";tag={to_tag}" if to_tag else "")
     headers = [
         ("Via", "SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-1-0"),
         ("From", "sipp <sip:sipp@127.0.0.1:5061>;tag=42"),
@@ -26,6 +26,6 @@ def request(method: str, call_id: str = "abc@127.0.0.1", cseq: int = 1, body: st
         headers.append(("Content-Type", content_type))
     n = len(body.encode()) if content_length is None else content_length
     headers.append(("Content-Length", str(n)))
-    lines = [f"{method} sip:agent@127.0.0.1:5060 SIP/2.0"]
+    lines = [f"{method} sip:{user}@127.0.0.1:5060 SIP/2.0"]
     lines += [f"{k}: {v}" for k, v in headers if k not in drop]
     return ("\r\n".join(lines) + "\r\n\r\n" + body).encode()

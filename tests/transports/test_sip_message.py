@@ -14,6 +14,7 @@ from transports.sip.message import (
     SipParseError,
     parse_sip,
     response_to,
+    uri_user,
 )
 
 
@@ -104,3 +105,18 @@ def test_a_value_folded_onto_an_empty_header_has_no_leading_space() -> None:
     msg = parse_sip(raw)
     assert msg.call_id == "1-24486@h"
     assert parse_sip(msg.to_bytes()).call_id == msg.call_id
+
+
+@pytest.mark.parametrize(("uri", "user"), [
+    ("sip:echo@127.0.0.1:5060", "echo"),
+    ("sips:echo@example.com;transport=tls", "echo"),
+    ("SIP:echo@host", "echo"),
+    ("sip:echo;user=phone@host", "echo"),
+    ("sip:echo:secret@host", "echo"),
+    ("sip:127.0.0.1:5060", ""),  # no user part
+    ("tel:+15551234", ""),  # not a SIP URI
+    ("echo", ""),
+    ("", ""),
+])
+def test_the_user_of_a_request_uri(uri: str, user: str) -> None:
+    assert uri_user(uri) == user

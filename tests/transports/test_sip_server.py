@@ -170,3 +170,77 @@ async def _concurrent(n: int) -> None:
     finally:
         sip.close()
         await server.stop()
+
+
+def test_the_echo_test_answers_its_own_uri_and_plays_the_caller_back() -> None:
+    asyncio.run(_echo_test())
+
+
+async def _echo_test() -> None:
+    from agent.config import Config
+    from agent.presets import new_echo_test_session
+
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+
+    def agent() -> Session:
+        made.append("agent")
+        return Session(Pipeline([SpeakBack([])]))
+
+    def echo() -> Session:
+        made.append("echo")
+        return new_echo_test_session(Config())
+
+    server = SipServer(agent, port=0, rtp_ports=(42400, 42500), echo_session_factory=echo)
+    host, port = await server.start()
+    sip, rtp = udp(), udp()
+    offer = SDP_OFFER.replace("m=audio 6000", f"m=audio {rtp.getsockname()[1]}")
+    try:
+        sip.sendto(request("INVITE", body=offer, user="echo"), (host, port))
+        *_, ok = await recv_sip(loop, sip, 3)
+        assert ok.status == 200 and made == ["echo"]
+        media_port = int(ok.body.decode().split("m=audio ")[1].split()[0])
+        tag = ok.header("To").split("tag=")[1]
+        sip.sendto(request("ACK", to_tag=tag, user="echo"), (host, port))
+        # 1 s of a rising tone as μ-law: it must come back, in order, about 200 ms late
+        t = np.arange(8000) / 8000
+        tone = (8000 * np.sin(2 * np.pi * (300 + 200 * t) * t)).astype(np.int16)
+        out = Packetizer(0)
+        for i in range(50):
+            rtp.sendto(out.packet(ulaw_encode(tone[i * 160:(i + 1) * 160]), marker=i == 0)
+                       .to_bytes(), ("127.0.0.1", media_port))
+            await asyncio.sleep(0.02)
+        for _ in range(20):  # the line's quiet, while the last of the tone comes back
+            rtp.sendto(out.packet(ulaw_encode(np.zeros(160, np.int16))).to_bytes(),
+                       ("127.0.0.1", media_port))
+            await asyncio.sleep(0.02)
+        received = []
+        while True:
+            try:
+                received.append(parse_rtp(rtp.recv(2048)))
+            except BlockingIOError:
+                break
+        back = np.concatenate([ulaw_decode(p.payload) for p in received]).astype(np.float64)
+        # the echo went 8 kHz -> 16 kHz -> 8 kHz through two resamplers: compare by shape
+        lag = int(np.argmax(np.correlate(back, tone.astype(np.float64), "valid")))
+        seg = back[lag:lag + len(tone)]
+        corr = float(np.corrcoef(seg, tone)[0, 1])
+        assert corr > 0.9 and 0.1 * 8000 <= lag <= 0.5 * 8000, (corr, lag)
+        sip.sendto(request("BYE", cseq=2, to_tag=tag, user="echo"), (host, port))
+        (bye_ok,) = await recv_sip(loop, sip, 1)
+        assert bye_ok.status == 200
+        for _ in range(50):
+            if server.reports:
+                break
+            await asyncio.sleep(0.02)
+        (report,) = server.reports
+        (ev,) = [e for e in report.summary["events"] if e["event"] == "echo_test"]
+        assert ev["dropped_samples"] == 0 and ev["echoed_samples"] >= 60 * 320 - 1600
+        # any other user still reaches the agent
+        sip.sendto(request("INVITE", call_id="other@127.0.0.1", body=offer), (host, port))
+        *_, ok = await recv_sip(loop, sip, 3)
+        assert ok.status == 200 and made == ["echo", "agent"]
+    finally:
+        sip.close()
+        rtp.close()
+        await server.stop()

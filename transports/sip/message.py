@@ -204,6 +204,16 @@ def _check_request(msg: SipMessage) -> None:
         raise SipParseError(400, "Bad Request (Max-Forwards is not a number)", msg)
 
 
+def uri_user(uri: str) -> str:
+    """The user part of a SIP URI (``sip:echo@host:5060;transport=udp`` → ``echo``); "" when
+    it names none. The user is compared as sent: escapes stay (RFC 3261 19.1.4)."""
+    scheme, sep, rest = uri.strip().partition(":")
+    if not sep or scheme.lower() not in ("sip", "sips"):
+        return ""
+    user, at, _ = rest.partition("@")
+    return user.partition(";")[0].partition(":")[0] if at else ""
+
+
 def header_tag(value: str) -> str:
     """The ``tag`` parameter of a From or To header value (``""`` when it has none). Only the
     parameters after the address count: a ``;tag=`` inside ``<...>`` belongs to the URI."""

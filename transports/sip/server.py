@@ -29,6 +29,7 @@ from transports.ratelimit import InviteRateLimit
 from transports.rtp.call import MediaStats
 from transports.rtp.stream import RtpMediaStream
 from transports.sip.control import SipCallControl
+from transports.sip.message import uri_user
 from transports.sip.sdp import build_answer
 from transports.sip.transfer import TRANSFER_TIMEOUT_S
 from transports.sip.uas import (
@@ -50,6 +51,7 @@ from transports.sip.uas import (
 REPORTS_KEPT = 100  # end records a server keeps in memory (its on_end callback sees all)
 log = logging.getLogger("voxline.sip")
 SessionFactory = Callable[[], Session | Awaitable[Session]]
+ECHO_USER = "echo"  # the Request-URI user of the echo test
 # after the agent's last packet, the caller's jitter buffer still holds some of its audio: the
 # BYE of an agent hang-up waits this long so the caller hears the goodbye to its end
 HANGUP_LINGER_S = 0.2
@@ -102,6 +104,10 @@ class SipServer(asyncio.DatagramProtocol):
     Transfers (``session.control.transfer``): ``transfer_to`` is the target when the agent
     names none; ``transfer_timeout_s`` is how long the caller's new call may take to be
     answered before the transfer counts as failed (the call goes on).
+
+    The echo test (``echo_session_factory``): an INVITE whose Request-URI names the user
+    ``echo_user`` (``sip:echo@host``) gets a session from that factory instead, one that plays
+    the caller's audio back (:mod:`stages.echo_test`).
     """
 
     def __init__(
@@ -125,8 +131,12 @@ class SipServer(asyncio.DatagramProtocol):
         ready_checks: tuple[Check, ...] = (),
         transfer_to: str = "",
         transfer_timeout_s: float = TRANSFER_TIMEOUT_S,
+        echo_session_factory: SessionFactory | None = None,
+        echo_user: str = ECHO_USER,
     ) -> None:
         self.session_factory = session_factory
+        self.echo_session_factory = echo_session_factory
+        self.echo_user = echo_user
         self.host, self.port = host, port
         self.rtp_ports = rtp_ports
         self.media_address = media_address or host
@@ -345,13 +355,19 @@ class SipServer(asyncio.DatagramProtocol):
         return task
 
     # --- calls -------------------------------------------------------------------------------
+    def _factory(self, request_uri: str) -> SessionFactory:
+        """The echo test for ``sip:<echo_user>@…`` (when there is one), else the agent."""
+        if self.echo_session_factory is not None and uri_user(request_uri) == self.echo_user:
+            return self.echo_session_factory
+        return self.session_factory
+
     async def _answer(self, offer: CallOffered) -> None:
         media: RtpMediaStream | None = None
         life: CallLifecycle | None = None
         call: SipCall | None = None  # once made, on_call has seen it: it must see its end too
         try:
             async with asyncio.timeout(self.setup_timeout_s):
-                made = self.session_factory()
+                made = self._factory(offer.callee)()
                 session = await made if inspect.isawaitable(made) else made
                 life = CallLifecycle(session)
                 codec = PCMU if offer.answer.codec == "PCMU" else PCMA
