@@ -203,6 +203,12 @@ class RuntimeConfig:
     # freed memory of its per-thread arenas (measured: +270 KB a SIP call, all of it returned
     # by one trim)
     heap_trim_s: float = 30.0
+    # glibc malloc arenas at most (M_ARENA_MAX), set as a command starts: 0, as many as the
+    # cores the process may use (at least 2); -1, glibc's own default (8 a core). Threads that
+    # come and go (a TTS worker per call) each settle in an arena, and every extra arena keeps
+    # its own fragments: with glibc's default a SIP server's RSS kept growing ~1% a minute
+    # that no trim returned (benchmarks/RESULTS.md, the soak). $MALLOC_ARENA_MAX wins.
+    malloc_arenas: int = 0
 
 
 ECHO_MODES = ("auto", "on", "off")

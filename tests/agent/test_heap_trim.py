@@ -52,3 +52,58 @@ def test_off_it_starts_nothing():
         return keep_heap_trimmed(RuntimeConfig(heap_trim_s=0))
 
     assert asyncio.run(main()) is None
+
+
+# Eight threads alive at once, each allocating (a thread takes an arena at its first malloc);
+# then glibc's malloc_stats() names every arena on stderr ("Arena N:").
+ARENAS = r'''
+import ctypes, sys, threading
+from agent.config import RuntimeConfig
+from agent.runtime import limit_malloc_arenas
+
+cap = limit_malloc_arenas(RuntimeConfig(malloc_arenas=int(sys.argv[1])))
+ready, done = threading.Barrier(9), threading.Event()
+
+def work():
+    kept = [bytearray(4096) for _ in range(64)]
+    ready.wait()
+    done.wait()
+
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+ready.wait()
+print(cap, flush=True)
+ctypes.CDLL("libc.so.6").malloc_stats()
+done.set()
+'''
+
+
+def _arenas(setting: int, env: dict[str, str] | None = None) -> tuple[int, int]:
+    import os
+
+    proc = subprocess.run([sys.executable, "-c", ARENAS, str(setting)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.split()[0]), proc.stderr.count("Arena ")
+
+
+def test_the_arena_cap_holds_with_more_threads_than_it() -> None:
+    cap, arenas = _arenas(2)
+    assert cap == 2 and arenas == 2
+    # glibc's own default: a thread that finds every arena busy makes a new one
+    cap, arenas = _arenas(-1)
+    assert cap == 0 and arenas > 2
+    # $MALLOC_ARENA_MAX is the operator's: left as it is
+    cap, arenas = _arenas(2, {"MALLOC_ARENA_MAX": "3"})
+    assert cap == 0 and arenas <= 3
+
+
+def test_the_default_cap_is_the_cores_this_process_may_use() -> None:
+    import os
+
+    from agent.runtime import malloc_arenas
+
+    assert malloc_arenas(RuntimeConfig()) == max(2, len(os.sched_getaffinity(0)))
+    assert malloc_arenas(RuntimeConfig(malloc_arenas=5)) == 5
+    assert malloc_arenas(RuntimeConfig(malloc_arenas=-1)) == 0
