@@ -11,6 +11,14 @@ hang-up), and every other sipp process places callers that vanish (RTP stops, no
 the server's ``--rtp-timeout`` must end. (``--twilio`` mounts the Twilio routes on the serve
 process as in production; no Twilio calls are placed.)
 
+Not every call reaches the agent's models: 2 cores hold about 14 such calls at once, so by
+default 10 browser and 4 SIP calls of those up at once do (``--browser-agent-calls``,
+``--sip-agent-calls``) and the rest call the servers' echo test (``--echo-test``: ``/ws/echo``
+and ``sip:echo@…``, the caller's audio played back, no model), which loads the transports,
+sessions and playout as a call does. An echo-test browser caller checks that every frame it
+sent came back byte for byte and in order, and measures the round trip; a SIP one that the
+server played back all it received (its end record).
+
 The agent (``--agent echo``, the default, sized for 2 cores): the embedded Silero VAD and
 Whisper tiny.en ASR (finals only, unless ``--partials-ms``), the VAD's silence as end of turn,
 the soak's echo LLM (an OpenAI-compatible server in this process that says back the caller's
@@ -68,6 +76,11 @@ CLIP_SECONDS = (2.0, 12.0)
 # what a server does not report (tasks and ASR slots in use come from /healthz and from
 # voxline sip's SIGUSR1 stats line; free slots are proved by the slot probe as well)
 NOT_EXPOSED: tuple[str, ...] = ()
+# the calls up at once that reach the agent's models, by default, on 2 cores (browser, SIP): the
+# rest of --browser-calls and --sip-calls call the echo test (measured: see benchmarks/RESULTS.md)
+AGENT_CALLS = (10, 4)
+ECHO_DESC = ("the echo test (stages/echo_test.py: the caller's audio played back behind a "
+             "200-ms jitter buffer, no model)")
 AGENTS = {
     "echo": "VAD Silero + ASR Whisper tiny.en int8 (embedded; 1 thread per server, {partials}) "
             "+ end of turn by VAD silence + LLM: the soak's echo LLM "
@@ -169,9 +182,18 @@ def slots(args: argparse.Namespace) -> tuple[int, int]:
     """ASR slots of each server: the calls it holds at once and a margin for calls whose
     successor connects while their session still closes (chaos: the vanished SIP callers the
     RTP timeout has not ended yet)."""
-    browser = args.browser_calls + max(2, args.browser_calls // 5)
-    sip = args.sip_calls + max(2, args.sip_calls // 5) + (args.sip_calls if args.chaos else 0)
-    return browser, sip
+    b, n = args.browser_agent_calls, args.sip_agent_calls
+    return b + max(2, b // 5), n + max(2, n // 5) + (n if args.chaos else 0)
+
+
+def max_calls(args: argparse.Namespace) -> tuple[int, int]:
+    """Each server's --max-calls: every call up (the echo test's too), the successors' margin,
+    and one more, so that the slot probe's refusal is the ASR slots'."""
+    slots_b, slots_s = slots(args)
+    echo_b = args.browser_calls - args.browser_agent_calls
+    echo_s = args.sip_calls - args.sip_agent_calls
+    return (slots_b + echo_b + max(2, echo_b // 5) + 1,
+            slots_s + echo_s + max(2, echo_s // 5) + (echo_s if args.chaos else 0) + 1)
 
 
 async def start_servers(s: Soak) -> None:
@@ -180,12 +202,14 @@ async def start_servers(s: Soak) -> None:
     llm_url = await s.llm.start() if args.agent == "echo" else ""
     flags = agent_flags(args, llm_url, s.tmp)
     slots_b, slots_s = slots(args)
+    most_b, most_s = max_calls(args)
     s.http_port, s.sip_port = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_DGRAM)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    serve_cmd = ["serve", "--port", str(s.http_port), "--twilio", "--max-calls", str(slots_b + 1),
-                 "--max-calls-per-client", "0", "--asr-slots", str(slots_b), *flags]
+    serve_cmd = ["serve", "--port", str(s.http_port), "--twilio", "--echo-test",
+                 "--max-calls", str(most_b), "--max-calls-per-client", "0",
+                 "--asr-slots", str(slots_b), *flags]
     sip_cmd = ["sip", "--json", "--port", str(s.sip_port), "--rtp-ports", args.rtp_ports,
-               "--max-calls", str(slots_s + 1), "--asr-slots", str(slots_s), *flags]
+               "--echo-test", "--max-calls", str(most_s), "--asr-slots", str(slots_s), *flags]
     if args.chaos:
         sip_cmd += ["--rtp-timeout", f"{args.rtp_timeout_s:g}"]
     for cmd in (serve_cmd, sip_cmd):
@@ -264,14 +288,16 @@ async def browser_load(s: Soak, phase: str, calls: int, deadline: float) -> None
     done = s.outcomes.setdefault(phase, [])
 
     async def caller(i: int) -> None:
+        echo = i >= args.browser_agent_calls  # the first callers reach the agent, the rest the echo test
         await asyncio.sleep(i * 0.1)  # not all at once: a browser's users arrive over a while
         while time.monotonic() < deadline:
             clip = s.clips[int(s.rng.integers(len(s.clips)))]
             kill = None
             if args.chaos and s.rng.random() < args.kill_fraction:
                 kill = float(s.rng.uniform(0.3, clip.seconds + 3.0))
-            out = await browser_call(url, clip.id, frames[clip.id], quiet,
-                                     answer_timeout_s=args.answer_timeout_s, kill_at_s=kill)
+            out = await browser_call(url + "/echo" if echo else url, clip.id, frames[clip.id],
+                                     quiet, answer_timeout_s=args.answer_timeout_s,
+                                     kill_at_s=kill, echo=echo)
             done.append(out)
             if out.status == "failed":
                 await asyncio.sleep(1.0)  # a refusing server is not hammered
@@ -280,19 +306,25 @@ async def browser_load(s: Soak, phase: str, calls: int, deadline: float) -> None
 
 
 def sip_groups(s: Soak, phase: str, calls: int) -> list[SippGroup]:
+    """sipp processes for ``calls`` calls up at once: the agent's (``sip:agent@…``) and the
+    echo test's (``sip:echo@…``), up to --sipp-groups of each."""
     args = s.args
-    n = min(args.sipp_groups, calls)
+    agent = min(calls, args.sip_agent_calls)
     groups = []
-    for g in range(n):
-        share = calls // n + (1 if g < calls % n else 0)
-        kind = "vanish" if args.chaos and g % 2 == 1 else "normal"
-        clip = s.sip_clips[g % len(s.sip_clips)]
-        wav = s.tmp / f"{phase}-{g}-{clip.id}.wav"
-        packets = write_caller_wav(clip.pcm16k, clip.pcm8k, args.sip_listen_s, wav, seed=g)
-        talk_ms = packets * 20 + 300
-        xml = s.tmp / f"{phase}-{g}-{kind}.xml"
-        xml.write_text(scenario(kind, wav, talk_ms))
-        groups.append(SippGroup(f"{phase}-{g}", kind, clip.id, xml, share, packets, talk_ms / 1000))
+    for service, up in (("agent", agent), ("echo", calls - agent)):
+        n = min(args.sipp_groups, up)
+        for g in range(n):
+            share = up // n + (1 if g < up % n else 0)
+            kind = "vanish" if args.chaos and g % 2 == 1 else "normal"
+            clip = s.sip_clips[g % len(s.sip_clips)]
+            name = f"{phase}-{service}-{g}"
+            wav = s.tmp / f"{name}-{clip.id}.wav"
+            packets = write_caller_wav(clip.pcm16k, clip.pcm8k, args.sip_listen_s, wav, seed=g)
+            talk_ms = packets * 20 + 300
+            xml = s.tmp / f"{name}-{kind}.xml"
+            xml.write_text(scenario(kind, wav, talk_ms))
+            groups.append(SippGroup(name, kind, clip.id, xml, share, packets, talk_ms / 1000,
+                                    service=service))
     return groups
 
 
@@ -449,8 +481,14 @@ def browser_summary(outcomes: list[CallOutcome]) -> dict[str, Any]:
     by = {k: sum(o.status == k for o in outcomes)
           for k in ("completed", "lost", "failed", "killed")}
     v2v = [x for o in outcomes for x in o.voice_to_voice_ms]
+    echo = [o for o in outcomes if o.kind == "echo"]
+    rtt = [x for o in echo for x in o.echo_rtt_ms]
     return {
         "started": len(outcomes) - by["failed"], **by,
+        "echo_test_calls": len(echo),
+        "echo_frames_lost": sum(o.echo_lost for o in echo),
+        "echo_round_trip_p50_ms": round(statistics.median(rtt)) if rtt else None,
+        "echo_round_trip_p95_ms": round(float(np.percentile(rtt, 95))) if rtt else None,
         "lost_reasons": sorted({o.reason for o in outcomes if o.status in ("lost", "failed")}),
         "frames_sent": sum(o.frames_sent for o in outcomes),
         "frames_dropped_by_server": sum(o.dropped_inbound for o in outcomes),
@@ -478,6 +516,8 @@ def sip_summary(s: Soak, phase: str) -> dict[str, Any]:
     missing = sum(max(0, g.packets - r.end["jitter"]["received"]) for r, g in whole)
     return {
         "started": len(records) - by["failed"], **by,
+        "echo_test_calls": sum(1 for r, _, _ in verdicts
+                               if r.sipp_pid in groups and groups[r.sipp_pid].service == "echo"),
         "sipp": sipp,
         "lost_reasons": sorted({why for _, v, why in verdicts if v in ("lost", "failed")}),
         "rtp_sent": sent, "rtp_received": received, "rtp_missing": missing,
@@ -519,7 +559,11 @@ def server_report(before: dict[str, Any], after: dict[str, Any], probe_before: d
 def print_table(res: dict[str, Any]) -> None:
     print()
     print(f"soak: {res['browser_calls']} browser + {res['sip_calls']} SIP calls for "
-          f"{res['minutes']:g} min{' (chaos)' if res['chaos'] else ''}; agent: {res['agent_desc']}")
+          f"{res['minutes']:g} min{' (chaos)' if res['chaos'] else ''}")
+    a = res["agent_calls"]
+    print(f"  {a['browser']} browser + {a['sip']} SIP of them reach the agent: {res['agent_desc']}")
+    print(f"  the other {res['browser_calls'] - a['browser']} + {res['sip_calls'] - a['sip']} call "
+          f"{res['echo_desc']}")
     print(f"{'calls':<12}{'started':>9}{'completed':>11}{'failed':>8}{'lost':>6}{'killed':>8}"
           f"{'call-min':>10}")
     for name in ("browser", "sip"):
@@ -535,6 +579,10 @@ def print_table(res: dict[str, Any]) -> None:
           f"{res['servers']['serve']['agent_frames_dropped']} dropped by the server (slow reader)")
     print(f"            sip (whole calls): {sp['rtp_sent']} RTP sent, {sp['rtp_received']} received "
           f"({sp['rtp_missing']} missing, {sp['rtp_lost']} lost, {sp['rtp_late']} late)")
+    print(f"echo test   browser: {b['echo_test_calls']} calls, {b['echo_frames_lost']} frames "
+          f"did not come back, round trip p50 / p95 {b['echo_round_trip_p50_ms']} / "
+          f"{b['echo_round_trip_p95_ms']} ms (the caller's clock); sip: {sp['echo_test_calls']} "
+          "calls")
     print(f"voice-to-voice (server trace) p50 / p95: browser {b['voice_to_voice_p50_ms']} / "
           f"{b['voice_to_voice_p95_ms']} ms, sip {sp['voice_to_voice_p50_ms']} / "
           f"{sp['voice_to_voice_p95_ms']} ms")
@@ -642,6 +690,8 @@ async def run(s: Soak) -> dict[str, Any]:
     return {
         "benchmark": "soak", "minutes": args.minutes, "chaos": args.chaos,
         "browser_calls": args.browser_calls, "sip_calls": args.sip_calls, "agent": args.agent,
+        "agent_calls": {"browser": args.browser_agent_calls, "sip": args.sip_agent_calls},
+        "echo_desc": ECHO_DESC,
         "agent_desc": AGENTS[args.agent].format(
             partials="finals only" if args.partials_ms >= 30000 else f"partials every {args.partials_ms} ms"),
         "kill_fraction": args.kill_fraction if args.chaos else 0.0,
@@ -673,6 +723,13 @@ def main() -> int:
     ap.add_argument("--kill-fraction", type=float, default=0.5)
     ap.add_argument("--rtp-timeout-s", type=float, default=5.0,
                     help="with --chaos: voxline sip --rtp-timeout (ends the vanished calls)")
+    ap.add_argument("--browser-agent-calls", type=int, default=None, metavar="N",
+                    help="of the browser calls up at once, how many reach the agent (its models); "
+                         "the rest call the echo test (/ws/echo). Default: all when "
+                         f"--browser-calls is at most {AGENT_CALLS[0]}, else {AGENT_CALLS[0]}")
+    ap.add_argument("--sip-agent-calls", type=int, default=None, metavar="N",
+                    help="the same for the SIP calls (the rest dial sip:echo@…). Default: all "
+                         f"up to {AGENT_CALLS[1]}, else {AGENT_CALLS[1]}")
     ap.add_argument("--agent", choices=sorted(AGENTS), default="echo")
     ap.add_argument("--partials-ms", type=int, default=60000,
                     help="--agent echo: the ASR's partial interval (asr.partial_interval_ms); "
@@ -695,6 +752,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json-out", default=str(RESULT))
     args = ap.parse_args()
+    for name, most in zip(("browser", "sip"), AGENT_CALLS, strict=True):
+        calls, agent = getattr(args, f"{name}_calls"), getattr(args, f"{name}_agent_calls")
+        agent = min(calls, most) if agent is None else agent
+        if not 0 <= agent <= calls:
+            ap.error(f"--{name}-agent-calls must be between 0 and --{name}-calls ({calls})")
+        setattr(args, f"{name}_agent_calls", agent)
     clips, sip_clips = load_clips(args.speech)
     tmp = Path(tempfile.mkdtemp(prefix="voxline-soak-"))
     s = Soak(args, tmp, np.random.default_rng(args.seed), clips, sip_clips)

@@ -1,7 +1,11 @@
 """The soak's browser caller: one call over ``/ws`` as ``web/app.js`` makes it (PCM16 16 kHz in
 20-ms binary frames of 640 B, JSON events), streaming a speech clip at real-time pace and then
 the line's quiet, until the agent has answered; then ``{"type": "hangup"}``. The chaos variant
-cuts the TCP connection at a given moment instead (no close frame, no hang-up)."""
+cuts the TCP connection at a given moment instead (no close frame, no hang-up).
+
+An echo-test caller (``echo_call``, ``/ws/echo``) streams the same way and checks what comes
+back: every frame it sent must return, byte for byte and in order (a frame that does not is
+lost), and it measures each frame's round trip."""
 
 from __future__ import annotations
 
@@ -24,6 +28,9 @@ CLOSE_TIMEOUT_S = 5.0
 # after the clip, how long the caller listens before judging: the last words' turn (the VAD's
 # stop silence, the turn's, the ASR final) must have had time to start
 LINGER_S = 1.5
+ECHO_TAIL_S = 1.0  # the echo test: quiet sent after the clip, so its last frames come back
+ECHO_WAIT_S = 5.0  # then how long it waits for the rest of its audio to come back
+LOOK_AHEAD = 50  # frames: how far past a lost frame the echo match looks (1 s)
 _DROPPED = re.compile(r"\((\d+) so far\)")
 
 
@@ -47,6 +54,9 @@ class CallOutcome:
     voice_to_voice_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     killed_at_s: float | None = None
+    # the echo test: frames that did not come back, and each returned frame's round trip
+    echo_lost: int = 0
+    echo_rtt_ms: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +73,27 @@ class _Listen:
     fatal: str = ""
     pending: bool = False  # a user turn waits for its answer
     answering: bool = False  # the agent is speaking that answer
+    echo: EchoCheck | None = None  # an echo-test call: what came back is matched here
+
+
+@dataclass(slots=True)
+class EchoCheck:
+    """Matches the frames an echo-test call gets back against those it sent, in order."""
+
+    sent: list[tuple[float, bytes]] = field(default_factory=list)  # (monotonic s, frame)
+    matched: int = 0  # sent frames accounted for (returned, or skipped as lost)
+    lost: int = 0
+    rtt_ms: list[float] = field(default_factory=list)
+
+    def back(self, t: float, frame: bytes) -> None:
+        """A frame came back: the next one sent, or one a little later (those between were
+        lost); anything else (the playout's silence) matches nothing."""
+        for k in range(self.matched, min(len(self.sent), self.matched + LOOK_AHEAD)):
+            if self.sent[k][1] == frame:
+                self.lost += k - self.matched
+                self.rtt_ms.append(round((t - self.sent[k][0]) * 1000, 1))
+                self.matched = k + 1
+                return
 
 
 def speech_frames(pcm: np.ndarray) -> list[bytes]:
@@ -116,6 +147,8 @@ async def _read(ws: ClientConnection, heard: _Listen, out: CallOutcome) -> None:
         async for msg in ws:
             if isinstance(msg, bytes):
                 out.agent_frames += len(msg) // (2 * FRAME_SAMPLES)
+                if heard.echo is not None:
+                    heard.echo.back(time.monotonic(), msg)
             else:
                 _on_event(json.loads(msg), heard, out)
     except ConnectionClosed:
@@ -127,9 +160,11 @@ async def _read(ws: ClientConnection, heard: _Listen, out: CallOutcome) -> None:
 
 
 async def browser_call(url: str, clip_id: str, speech: list[bytes], quiet: list[bytes], *,
-                       answer_timeout_s: float, kill_at_s: float | None = None) -> CallOutcome:
-    """One call; never raises (every way it can go is in the outcome)."""
-    out = CallOutcome("browser", clip_id)
+                       answer_timeout_s: float, kill_at_s: float | None = None,
+                       echo: bool = False) -> CallOutcome:
+    """One call; never raises (every way it can go is in the outcome). ``echo``: ``url`` is the
+    echo test, and the call checks that its audio comes back instead of waiting for answers."""
+    out = CallOutcome("echo" if echo else "browser", clip_id)
     t0 = time.monotonic()
     try:
         ws = await asyncio.wait_for(
@@ -138,10 +173,12 @@ async def browser_call(url: str, clip_id: str, speech: list[bytes], quiet: list[
         out.status, out.reason = "failed", f"connect: {type(exc).__name__}: {str(exc)[:160]}"
         out.seconds = time.monotonic() - t0
         return out
-    heard = _Listen()
+    heard = _Listen(echo=EchoCheck() if echo else None)
     reader = asyncio.create_task(_read(ws, heard, out))
     try:
         await _talk(ws, heard, out, speech, quiet, t0, answer_timeout_s, kill_at_s)
+        if heard.echo is not None:
+            out.echo_lost, out.echo_rtt_ms = heard.echo.lost, heard.echo.rtt_ms
     except Exception as exc:  # the socket broke under a send
         if not out.status:
             out.status, out.reason = "lost", f"{type(exc).__name__}: {str(exc)[:160]}"
@@ -183,7 +220,10 @@ async def _talk(ws: ClientConnection, heard: _Listen, out: CallOutcome, speech: 
         if kill_at_s is not None and now - t0 >= kill_at_s:
             out.status, out.killed_at_s = "killed", round(now - t0, 3)
             return
-        if k >= len(speech) and now >= clip_end + LINGER_S:
+        if heard.echo is not None and k >= len(speech) and now >= clip_end + ECHO_TAIL_S:
+            await _echo_verdict(ws, heard, heard.echo, out)
+            return
+        if heard.echo is None and k >= len(speech) and now >= clip_end + LINGER_S:
             if out.answers and not heard.pending and not heard.answering:
                 await ws.send(json.dumps({"type": "hangup"}))
                 out.status = "completed"
@@ -194,10 +234,28 @@ async def _talk(ws: ClientConnection, heard: _Listen, out: CallOutcome, speech: 
                               else "the last turn got no answer")
                 return
         frame = speech[k] if k < len(speech) else quiet[(k - len(speech)) % len(quiet)]
+        if heard.echo is not None:
+            heard.echo.sent.append((time.monotonic(), frame))
         await ws.send(frame)
         out.frames_sent += 1
         k += 1
         await asyncio.sleep(max(0.0, start + k * FRAME_S - time.monotonic()))
+
+
+async def _echo_verdict(ws: ClientConnection, heard: _Listen, echo: EchoCheck,
+                        out: CallOutcome) -> None:
+    """The caller has stopped sending: every frame it sent must come back (the jitter buffer
+    and the playout queue still hold the last ones), within ``ECHO_WAIT_S``."""
+    until = time.monotonic() + ECHO_WAIT_S
+    while echo.matched < len(echo.sent) and time.monotonic() < until and not heard.closed.is_set():
+        await asyncio.sleep(FRAME_S)
+    echo.lost += len(echo.sent) - echo.matched
+    echo.matched = len(echo.sent)
+    if echo.lost:
+        out.status, out.reason = "lost", f"{echo.lost} frames did not come back"
+        return
+    await ws.send(json.dumps({"type": "hangup"}))
+    out.status = "completed"
 
 
 async def _close(ws: ClientConnection, heard: _Listen, out: CallOutcome) -> None:

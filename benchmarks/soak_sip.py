@@ -88,6 +88,8 @@ _VANISH = """  <pause distribution="uniform" min="300" max="@TALK_MS@"/>
 </scenario>
 """
 KINDS = ("normal", "vanish", "probe")
+ECHO_SAMPLES_PER_PACKET = 320  # a 20-ms RTP packet, in the pipeline's 16 kHz samples
+ECHO_SLACK_SAMPLES = 1600  # 100 ms: what the call's resampler may still hold at the BYE
 QUIET_RMS = 12.0  # the line's noise after the clip (about -69 dBFS), never digital silence
 _CALL_ID = re.compile(r"^\d+-(\d+)@")
 _REFUSED = re.compile(r"call (\S+) refused")
@@ -143,6 +145,7 @@ class SippGroup:
     calls: int
     packets: int  # RTP packets one whole call streams (0: none)
     talk_s: float
+    service: str = "agent"  # the Request-URI's user: the agent, or "echo" (the echo test)
     proc: asyncio.subprocess.Process | None = None
     log: Path | None = None
 
@@ -157,7 +160,7 @@ class SippGroup:
         self.log = log
         self.proc = await asyncio.create_subprocess_exec(
             sipp_binary(), target, "-i", "127.0.0.1", "-p", str(sip_port),
-            "-mi", "127.0.0.1", "-mp", str(media_port), "-sf", str(self.scenario), "-s", "agent",
+            "-mi", "127.0.0.1", "-mp", str(media_port), "-sf", str(self.scenario), "-s", self.service,
             "-m", str(total), "-l", str(self.calls), "-r", f"{rate:g}", "-rp", "1000",
             "-f", "5", "-nostdin", "-recv_timeout", "30000",
             cwd=log.parent, stdout=log.open("wb"), stderr=asyncio.subprocess.STDOUT,
@@ -279,8 +282,25 @@ def judge(rec: SipCallRecord, group: SippGroup | None) -> tuple[str, str]:
         return "lost", "unexpected error: " + rec.errors[0]
     if rec.end.get("reason") != "bye":
         return "lost", f"ended by {rec.end.get('reason')}, not the caller's BYE"
+    if group is not None and group.service == "echo":
+        return judge_echo(rec.end)
     if not rec.answered:
         return "lost", "no answer"
+    return "completed", ""
+
+
+def judge_echo(end: dict[str, Any]) -> tuple[str, str]:
+    """An echo-test call: everything the server received went back (less what its resampler
+    still held at the BYE), nothing was dropped."""
+    echo = end.get("echo_test")
+    if not isinstance(echo, dict):
+        return "lost", "the end record has no echo_test counts"
+    received = end["jitter"]["received"] * ECHO_SAMPLES_PER_PACKET
+    if echo.get("dropped_samples"):
+        return "lost", f"the echo test dropped {echo['dropped_samples']} samples"
+    if echo.get("echoed_samples", 0) < received - ECHO_SLACK_SAMPLES:
+        return "lost", (f"the echo test played back {echo.get('echoed_samples')} of "
+                        f"{received} samples")
     return "completed", ""
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(BENCH))
 from soak_browser import browser_call, hold_call, quiet_frames, speech_frames  # noqa: E402
 from soak_llm import EchoLLM, reply_for  # noqa: E402
 from soak_metrics import fd_kinds, grown, leaked, rss_flatness, snapshot  # noqa: E402
-from soak_sip import SipLedger, SippGroup, judge, scenario, write_caller_wav  # noqa: E402
+from soak_sip import SipLedger, SippGroup, judge, judge_echo, scenario, write_caller_wav  # noqa: E402
 
 from agent.commands.telephony import CallPrinter  # noqa: E402
 from agent.events import trace_event  # noqa: E402
@@ -282,10 +282,10 @@ class SlotHolder(Stage):
             self.slot = None
 
 
-async def _with_server(factory, body):  # noqa: ANN001, ANN202 - a test helper
+async def _with_server(factory, body, echo=None):  # noqa: ANN001, ANN202 - a test helper
     from transports.server import VoiceServer
 
-    server = VoiceServer(factory, port=0, max_calls=10)
+    server = VoiceServer(factory, port=0, max_calls=10, new_echo_session=echo)
     port = await server.start()
     try:
         return await body(server, f"ws://127.0.0.1:{port}/ws")
@@ -373,12 +373,84 @@ def test_the_slot_probe_fills_the_pool_and_the_extra_call_is_refused() -> None:
     assert freed
 
 
+def _echo_session() -> Session:
+    from agent.config import Config
+    from agent.presets import new_echo_test_session
+
+    return new_echo_test_session(Config())
+
+
+def test_an_echo_test_call_gets_every_frame_back_and_the_server_frees_it() -> None:
+    async def body(server, url):  # noqa: ANN001, ANN202
+        out = await browser_call(url + "/echo", "tone", speech_frames(TONE), quiet_frames(),
+                                 answer_timeout_s=5.0, echo=True)
+        return out, await _until(lambda: not server.calls), server.served
+
+    out, freed, served = asyncio.run(_with_server(
+        lambda: Session(Pipeline([TurnTaker(answer=False)]), Trace({})), body, echo=_echo_session))
+    assert out.status == "completed", out
+    assert out.kind == "echo" and out.echo_lost == 0 and not out.errors
+    # the clip and the quiet after it came back, each frame about the jitter buffer late
+    assert len(out.echo_rtt_ms) >= len(speech_frames(TONE)) + 20
+    assert 50 <= float(np.median(out.echo_rtt_ms)) < 1000  # (the pacer sends a little ahead)
+    assert freed and served == 1
+
+
+def test_an_echo_that_loses_frames_is_lost() -> None:
+    class Lossy(Stage):  # drops every 25th frame of the echo
+        def __init__(self) -> None:
+            super().__init__("lossy")
+            self.n = 0
+
+        def process(self, frame: Frame, direction: Direction) -> None:
+            if isinstance(frame, TTSAudio) and len(frame.pcm):
+                self.n += 1
+                if self.n % 25 == 0:
+                    return
+            self.push(frame, direction)
+
+    def lossy_echo() -> Session:
+        from stages.echo_test import EchoTest
+
+        return Session(Pipeline([EchoTest(), Lossy()]), Trace({}))
+
+    async def body(server, url):  # noqa: ANN001, ANN202
+        return await browser_call(url + "/echo", "tone", speech_frames(TONE), quiet_frames(),
+                                  answer_timeout_s=5.0, echo=True)
+
+    out = asyncio.run(_with_server(lambda: None, body, echo=lossy_echo))
+    assert out.status == "lost" and "frames did not come back" in out.reason
+    assert out.echo_lost >= 2
+
+
+def test_without_the_echo_test_there_is_no_echo_route() -> None:
+    async def body(server, url):  # noqa: ANN001, ANN202
+        return await browser_call(url + "/echo", "tone", speech_frames(TONE), quiet_frames(),
+                                  answer_timeout_s=1.0, echo=True)
+
+    out = asyncio.run(_with_server(lambda: None, body))
+    assert out.status == "failed" and "404" in out.reason
+
+
+def test_a_sip_echo_call_is_judged_by_what_it_played_back() -> None:
+    end = {"reason": "bye", "jitter": {"received": 500}}
+    assert judge_echo(end)[0] == "lost"  # no counts at all
+    assert judge_echo({**end, "echo_test": {"echoed_samples": 500 * 320 - 1000,
+                                            "dropped_samples": 0}}) == ("completed", "")
+    short = judge_echo({**end, "echo_test": {"echoed_samples": 400 * 320, "dropped_samples": 0}})
+    assert short[0] == "lost" and "played back 128000 of 160000" in short[1]
+    dropped = judge_echo({**end, "echo_test": {"echoed_samples": 500 * 320,
+                                               "dropped_samples": 320}})
+    assert dropped[0] == "lost" and "dropped 320" in dropped[1]
+
+
 # --- the whole script, briefly ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_short_soak_runs_end_to_end(tmp_path: Path) -> None:
-    """Both servers as subprocesses, one browser caller and one sipp caller for 12 s (~50 s in
-    all: two model loads, warm-up, two probes): the last line printed is the JSON written, the
-    probes are valid, nothing is lost or leaked."""
+    """Both servers as subprocesses, two browser callers and two sipp callers (one of each to the
+    agent, one to the echo test) for 12 s (~50 s in all: two model loads, warm-up, two probes):
+    the last line printed is the JSON written, the probes are valid, nothing is lost or
+    leaked."""
     import shutil
     import subprocess
 
@@ -397,8 +469,9 @@ def test_a_short_soak_runs_end_to_end(tmp_path: Path) -> None:
                                  "kind": "read"}))
     (speech / "manifest.jsonl").write_text("\n".join(lines) + "\n")
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "soak.py"), "--minutes", "0.2", "--browser-calls", "1",
-         "--sip-calls", "1", "--warmup-s", "2", "--settle-s", "1", "--sip-listen-s", "3",
+        [sys.executable, str(BENCH / "soak.py"), "--minutes", "0.2", "--browser-calls", "2",
+         "--browser-agent-calls", "1", "--sip-calls", "2", "--sip-agent-calls", "1",
+         "--warmup-s", "2", "--settle-s", "1", "--sip-listen-s", "3",
          "--sample-s", "1", "--speech", str(speech), "--json-out", str(out)],
         capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
@@ -416,3 +489,9 @@ def test_a_short_soak_runs_end_to_end(tmp_path: Path) -> None:
         assert server["rss_flatness"]["samples"] >= 3
     assert result["calls"]["sip"]["rtp_missing"] == 0
     assert any(line.startswith("serve  fds") for line in lines)
+    # one caller of each kind reached the agent, the other the echo test, which lost nothing
+    assert result["agent_calls"] == {"browser": 1, "sip": 1}
+    browser, sip = result["calls"]["browser"], result["calls"]["sip"]
+    assert 1 <= browser["echo_test_calls"] < browser["started"] and browser["echo_frames_lost"] == 0
+    assert browser["voice_to_voice_p50_ms"] is not None and browser["echo_round_trip_p50_ms"]
+    assert 1 <= sip["echo_test_calls"] < sip["started"]
