@@ -198,11 +198,12 @@ class TraceConfig:
 class RuntimeConfig:
     uvloop: bool = True  # use uvloop when it is installed
     gc_freeze: bool = True  # gc.freeze() after warm-up in long-running commands
-    # servers hand the heap's free pages back to the OS this often (glibc's malloc_trim; 0: off).
-    # Without it a server's RSS climbs with calls served though nothing leaks: glibc keeps the
-    # freed memory of its per-thread arenas (measured: +270 KB a SIP call, all of it returned
-    # by one trim)
-    heap_trim_s: float = 30.0
+    # servers collect the ended calls' cyclic garbage and hand the heap's free pages back to the
+    # OS this often (gc.collect, then glibc's malloc_trim; 0: off). Without it a server's RSS
+    # climbs and swings with calls served though nothing leaks: a call's session is freed only
+    # by a full collection, which Python runs rarely after gc.freeze(), and glibc keeps the
+    # freed memory of its per-thread arenas (measured: +270 KB a SIP call)
+    heap_trim_s: float = 10.0
     # glibc malloc arenas at most (M_ARENA_MAX), set as a command starts: 0, as many as the
     # cores the process may use (at least 2); -1, glibc's own default (8 a core). Threads that
     # come and go (a TTS worker per call) each settle in an arena, and every extra arena keeps

@@ -13,6 +13,7 @@ import ctypes.util
 import gc
 import logging
 import os
+import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -80,26 +81,42 @@ def limit_malloc_arenas(cfg: RuntimeConfig | None = None) -> int:
 
 
 def keep_heap_trimmed(cfg: RuntimeConfig | None = None) -> asyncio.Task[None] | None:
-    """In a long-running server: every ``heap_trim_s``, glibc's ``malloc_trim(0)`` on a thread
-    of its own, returning the free pages of every malloc arena to the OS. Without it RSS grows
-    with the calls served though no object outlives its call (the model runtimes' threads
-    each allocate in their own arena, and glibc returns only the main arena's top by itself).
-    A no-op where the C library is not glibc. Returns the task (cancel it to stop)."""
+    """In a long-running server: every ``heap_trim_s``, a full collection of the cyclic
+    garbage on the loop, then glibc's ``malloc_trim(0)`` on a thread of its own, returning the
+    free pages of every malloc arena to the OS. Returns the task (cancel it to stop).
+
+    The collection: a call's session is a web of references (stages and pipeline, the session
+    and its playout) that only the cyclic collector frees, and after ``gc.freeze()`` Python
+    runs a full collection only once the heap has grown by a quarter: the ended calls' memory
+    (their audio buffers, and the native state of their echo cancellers and resamplers) piled
+    up between those — a SIP server in the soak swung by 80 MB. Collecting what came after the
+    freeze takes ~1 ms with 70 calls up (measured on 2 cores).
+
+    The trim: without it RSS grows with the calls served though no object outlives its call
+    (the model runtimes' threads each allocate in their own arena, and glibc returns only the
+    main arena's top by itself). Skipped where the C library is not glibc."""
     cfg = cfg or RuntimeConfig()
     if cfg.heap_trim_s <= 0:
         return None
     try:
         trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim this way
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        trim = None
+    else:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     pool = ThreadPoolExecutor(1, thread_name_prefix="heap-trim")
 
     async def every() -> None:
         loop = asyncio.get_running_loop()
         try:
-            while True:  # (the first trim at once: the thread exists from start-up on)
-                await loop.run_in_executor(pool, trim, 0)
+            while True:  # (the first at once: the thread exists from start-up on)
+                t = time.perf_counter()
+                found = gc.collect()
+                ms = 1000 * (time.perf_counter() - t)
+                (log.warning if ms > SLOW_COLLECT_MS else log.debug)(
+                    "gc.collect(): %d objects in %.1f ms", found, ms)
+                if trim is not None:
+                    await loop.run_in_executor(pool, trim, 0)
                 await asyncio.sleep(cfg.heap_trim_s)
         finally:
             pool.shutdown(wait=False)
@@ -108,6 +125,9 @@ def keep_heap_trimmed(cfg: RuntimeConfig | None = None) -> asyncio.Task[None] | 
     _KEPT.add(task)  # (the loop holds tasks weakly)
     task.add_done_callback(_KEPT.discard)
     return task
+
+
+SLOW_COLLECT_MS = 20.0  # a full collection that pauses the loop this long is logged
 
 
 _KEPT: set[asyncio.Task[None]] = set()

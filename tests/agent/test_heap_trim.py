@@ -107,3 +107,39 @@ def test_the_default_cap_is_the_cores_this_process_may_use() -> None:
     assert malloc_arenas(RuntimeConfig()) == max(2, len(os.sched_getaffinity(0)))
     assert malloc_arenas(RuntimeConfig(malloc_arenas=5)) == 5
     assert malloc_arenas(RuntimeConfig(malloc_arenas=-1)) == 0
+
+
+def test_the_trimmer_frees_the_cycles_an_ended_call_leaves() -> None:
+    """A session is a cycle (the pipeline's stages and the session point at each other):
+    refcounting never frees it, and after gc.freeze() Python's own full collections are rare;
+    the trimmer's collection frees it within one period."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    from agent.config import Config
+    from agent.presets import new_echo_test_session
+
+    async def main() -> tuple[bool, bool]:
+        session = new_echo_test_session(Config())
+        await session.start()
+        session.send_audio(np.zeros(320, np.int16))
+        await session.close()
+        ref = weakref.ref(session)
+        del session
+        alone = ref() is not None  # refcounting alone did not free it: it is a cycle
+        task = keep_heap_trimmed(RuntimeConfig(heap_trim_s=0.05))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return alone, ref() is None
+
+    was_on = gc.isenabled()
+    gc.disable()  # (the collector's own runs would free it too, whenever they came)
+    try:
+        alone, freed = asyncio.run(main())
+    finally:
+        if was_on:
+            gc.enable()
+    assert alone and freed
