@@ -19,3 +19,8 @@ class EchoCanceller(Protocol):
     def process(self, pcm: np.ndarray) -> np.ndarray:
         """The caller's audio (int16 16 kHz) with the agent's echo removed, as many samples."""
         ...
+
+    def close(self) -> None:
+        """The call ended: release the canceller's state now (a session is freed only when the
+        cyclic garbage collector gets to it); ``process`` passes audio through after."""
+        ...

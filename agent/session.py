@@ -209,6 +209,8 @@ class Session:
         finally:
             await self.ctx.cancel_all()
             self.summary = self.trace.close(reason)
+            if self.echo is not None:
+                self.echo.close()
             if self.recorder is not None:
                 self.recorder.close()
             if self.started_ns:

@@ -286,3 +286,25 @@ def test_the_caller_talking_over_the_echo_still_barges_in(silero):
     events = call(silero, guarded=True, caller_at=2.0, seconds=4.0)
     interrupts = [at for kind, at in events if kind == "Interrupt"]
     assert len(interrupts) == 1 and 2.0 <= interrupts[0] < 3.0, events
+
+
+def test_the_end_of_the_call_releases_aec3_at_once() -> None:
+    """Session.close closes its guard: AEC3's native state (~400 KB) goes with the call, not
+    whenever the garbage collector frees the session; audio after it passes through."""
+    guard = EchoGuard()
+
+    async def run() -> None:
+        from agent.stage import Stage
+
+        async with Session(Pipeline([Stage("listener")]), echo=guard) as session:
+            session.playout.write(AGENT[: 20 * FRAME_SAMPLES], last=True)
+            for _ in range(20):
+                session.send_audio(to_int16(np.ones(FRAME_SAMPLES) * 100))
+                session.playout.pull()
+            assert guard.frames > 0  # AEC3 ran while the agent spoke
+
+    asyncio.run(run())
+    assert guard._aec is None  # noqa: SLF001 - what close released
+    pcm = to_int16(np.ones(FRAME_SAMPLES) * 7)
+    assert guard.process(pcm) is pcm
+    guard.played(pcm, FRAME_SAMPLES)  # a pull after the end: nothing to record, no error
