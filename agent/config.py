@@ -203,7 +203,7 @@ class RuntimeConfig:
     # climbs and swings with calls served though nothing leaks: a call's session is freed only
     # by a full collection, which Python runs rarely after gc.freeze(), and glibc keeps the
     # freed memory of its per-thread arenas (measured: +270 KB a SIP call)
-    heap_trim_s: float = 10.0
+    heap_trim_s: float = 30.0
     # glibc malloc arenas at most (M_ARENA_MAX), set as a command starts: 0, as many as the
     # cores the process may use (at least 2); -1, glibc's own default (8 a core). Threads that
     # come and go (a TTS worker per call) each settle in an arena, and every extra arena keeps
