@@ -72,6 +72,7 @@ CLOSE_WAIT = "tcp close-wait"
 SATURATED = 0.85  # of the machine's cores, used by the servers: answers are late from there on
 START_TIMEOUT_S = 300.0  # loading the models on a busy machine
 BROWSER_KINDS = ("read", "command")
+CALL_LOG_KEEP = 100  # completed (and killed) browser calls the JSON lists, besides every lost one
 CLIP_SECONDS = (2.0, 12.0)
 # what a server does not report (tasks and ASR slots in use come from /healthz and from
 # voxline sip's SIGUSR1 stats line; free slots are proved by the slot probe as well)
@@ -498,6 +499,18 @@ def browser_summary(outcomes: list[CallOutcome]) -> dict[str, Any]:
     }
 
 
+def call_log(outcomes: list[CallOutcome], keep: int = CALL_LOG_KEEP) -> list[dict[str, Any]]:
+    """The run's browser calls as the JSON keeps them: every lost or failed one, and the first
+    ``keep`` of each other status (thousands of calls alike tell no more than a hundred)."""
+    seen: dict[str, int] = {}
+    out = []
+    for o in outcomes:
+        seen[o.status] = seen.get(o.status, 0) + 1
+        if o.status in ("lost", "failed") or seen[o.status] <= keep:
+            out.append(o.as_dict())
+    return out
+
+
 def sip_summary(s: Soak, phase: str) -> dict[str, Any]:
     groups = s.groups.get(phase, {})
     records = s.ledger.phase_calls(phase)
@@ -709,7 +722,7 @@ async def run(s: Soak) -> dict[str, Any]:
         "harness_cpu_s": round(time.process_time(), 1),
         "not_exposed": list(NOT_EXPOSED), "logs": str(s.tmp),
         "rss_samples": s.samples,
-        "browser_call_log": [o.as_dict() for o in s.outcomes.get("run", [])],
+        "browser_call_log": call_log(s.outcomes.get("run", [])),
     }
 
 

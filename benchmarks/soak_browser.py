@@ -59,7 +59,12 @@ class CallOutcome:
     echo_rtt_ms: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As the call log keeps it: the echo's round trips as a count, median and maximum."""
+        out = asdict(self)
+        rtt = out.pop("echo_rtt_ms")
+        if rtt:
+            out["echo_rtt_ms"] = {"frames": len(rtt), "p50": float(np.median(rtt)), "max": max(rtt)}
+        return out
 
 
 @dataclass(slots=True)

@@ -68,10 +68,13 @@ class EchoLLM:
         # one connection a reply: an idle keep-alive connection in the client's pool would be
         # counted as a descriptor the server leaked
         resp.force_close()
-        await resp.prepare(request)
         words = reply_for(str(said)).split(" ")
-        for i, word in enumerate(words):  # one token a word, as a model streams them
-            await resp.write(sse_chunk(word if i == 0 else " " + word))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        try:
+            await resp.prepare(request)
+            for i, word in enumerate(words):  # one token a word, as a model streams them
+                await resp.write(sse_chunk(word if i == 0 else " " + word))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:  # the reply was cancelled (a barge-in, a hang-up)
+            self.abandoned += 1
         return resp
