@@ -46,6 +46,16 @@ def udp(port: int = 0) -> socket.socket:
     return s
 
 
+def drain_rtp(sock: socket.socket) -> list:
+    """Every RTP packet waiting on ``sock``, parsed."""
+    got = []
+    while True:
+        try:
+            got.append(parse_rtp(sock.recv(2048)))
+        except BlockingIOError:
+            return got
+
+
 async def recv_sip(loop, sock, want: int) -> list:
     got = []
     while len(got) < want:
@@ -98,12 +108,7 @@ async def _call() -> None:
             ev.timestamp -= 160  # one event: every packet carries its start timestamp
         await asyncio.sleep(0.5)
 
-        received = []
-        while True:
-            try:
-                received.append(parse_rtp(rtp.recv(2048)))
-            except BlockingIOError:
-                break
+        received = drain_rtp(rtp)
         speech = [p for p in received if np.abs(ulaw_decode(p.payload)).max() > 1000]
         assert len(received) >= 40 and len(speech) >= 30
         assert all(p.payload_type == 0 and len(p.payload) == 160 for p in received)
@@ -214,12 +219,7 @@ async def _echo_test() -> None:
             rtp.sendto(out.packet(ulaw_encode(np.zeros(160, np.int16))).to_bytes(),
                        ("127.0.0.1", media_port))
             await asyncio.sleep(0.02)
-        received = []
-        while True:
-            try:
-                received.append(parse_rtp(rtp.recv(2048)))
-            except BlockingIOError:
-                break
+        received = drain_rtp(rtp)
         back = np.concatenate([ulaw_decode(p.payload) for p in received]).astype(np.float64)
         # the echo went 8 kHz -> 16 kHz -> 8 kHz through two resamplers: compare by shape
         lag = int(np.argmax(np.correlate(back, tone.astype(np.float64), "valid")))
