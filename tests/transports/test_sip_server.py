@@ -56,6 +56,17 @@ def drain_rtp(sock: socket.socket) -> list:
             return got
 
 
+async def hang_up(loop, server, sip, addr, tag: str, user: str = "agent") -> None:  # noqa: ANN001
+    """The caller's BYE, its 200, and the server's end report of the call."""
+    sip.sendto(request("BYE", cseq=2, to_tag=tag, user=user), addr)
+    (bye_ok,) = await recv_sip(loop, sip, 1)
+    assert bye_ok.status == 200
+    for _ in range(50):
+        if server.reports:
+            return
+        await asyncio.sleep(0.02)
+
+
 async def recv_sip(loop, sock, want: int) -> list:
     got = []
     while len(got) < want:
@@ -120,13 +131,7 @@ async def _call() -> None:
         # the caller went quiet on the wire: the session keeps hearing (filled) silence
         assert call.media.stats.silence_filled > 5
 
-        sip.sendto(request("BYE", cseq=2, to_tag=tag), (host, port))
-        (bye_ok,) = await recv_sip(loop, sip, 1)
-        assert bye_ok.status == 200
-        for _ in range(50):
-            if server.reports:
-                break
-            await asyncio.sleep(0.02)
+        await hang_up(loop, server, sip, (host, port), tag)
         assert server.calls == {} and sessions[0].closed
         assert server.reports[0].reason == "bye" and server.crashes == 0
     finally:
@@ -226,13 +231,7 @@ async def _echo_test() -> None:
         seg = back[lag:lag + len(tone)]
         corr = float(np.corrcoef(seg, tone)[0, 1])
         assert corr > 0.9 and 0.1 * 8000 <= lag <= 0.5 * 8000, (corr, lag)
-        sip.sendto(request("BYE", cseq=2, to_tag=tag, user="echo"), (host, port))
-        (bye_ok,) = await recv_sip(loop, sip, 1)
-        assert bye_ok.status == 200
-        for _ in range(50):
-            if server.reports:
-                break
-            await asyncio.sleep(0.02)
+        await hang_up(loop, server, sip, (host, port), tag, user="echo")
         (report,) = server.reports
         (ev,) = [e for e in report.summary["events"] if e["event"] == "echo_test"]
         assert ev["dropped_samples"] == 0 and ev["echoed_samples"] >= 60 * 320 - 1600
