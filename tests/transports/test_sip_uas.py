@@ -59,6 +59,43 @@ def test_200_is_retransmitted_until_ack_then_given_up() -> None:
     assert "abc@127.0.0.1" not in uas.dialogs  # timer H fired: BYE and the call ended
 
 
+def _confirmed(uas: UserAgentServer) -> str:
+    uas.receive(request("INVITE", body=SDP_OFFER), PEER, 0.0)
+    tag = parse_sip(uas.accept("abc@127.0.0.1", b"", 0.0)[0].data).header("To").split("tag=")[1]
+    uas.receive(request("ACK", to_tag=tag), PEER, 0.1)
+    return tag
+
+
+def _byes(events) -> list[bytes]:
+    return [e.data for e in events if isinstance(e, Outgoing) and parse_sip(e.data).method == "BYE"]
+
+
+def test_our_bye_is_sent_again_until_answered() -> None:
+    uas = UserAgentServer("127.0.0.1", 5060)
+    _confirmed(uas)
+    (bye,) = _byes(uas.hangup("abc@127.0.0.1", "idle", now=10.0))
+    times = [10 + t / 10 for t in range(1, 80)]
+    sent = [t for t in times if _byes(uas.poll(t)) == [bye]]  # the same request, byte for byte
+    assert sent[:4] == [10.5, 11.5, 13.5, 17.5]  # timer E: T1, doubling, up to T2 (4 s)
+    msg = parse_sip(bye)
+    answer = (f"SIP/2.0 200 OK\r\nVia: {msg.header('Via')}\r\nFrom: {msg.header('From')}\r\n"
+              f"To: {msg.header('To')}\r\nCall-ID: abc@127.0.0.1\r\n"
+              f"CSeq: {msg.header('CSeq')}\r\nContent-Length: 0\r\n\r\n").encode()
+    assert uas.receive(answer, PEER, 18.0) == []
+    assert uas.byes == {} and _byes(uas.poll(30.0)) == []
+
+
+def test_an_unanswered_bye_is_given_up_after_timer_f() -> None:
+    uas = UserAgentServer("127.0.0.1", 5060)
+    _confirmed(uas)
+    uas.hangup("abc@127.0.0.1")  # no time given: the first poll starts the timers
+    assert _byes(uas.poll(100.0)) == []
+    sent = [t for t in (100 + k / 10 for k in range(1, 400)) if _byes(uas.poll(t))]
+    assert sent[0] == 100.5 and max(sent) < 132.0  # 64 x T1 after the first poll
+    assert uas.byes == {} and uas.byes_unanswered == 1
+    assert all(t - s <= 4.0 + 1e-9 for s, t in zip(sent, sent[1:], strict=False))
+
+
 def test_cancel_before_answer() -> None:
     uas = UserAgentServer("127.0.0.1", 5060)
     uas.receive(request("INVITE", body=SDP_OFFER), PEER, 0.0)

@@ -170,6 +170,7 @@ async def _sip_call_then_sigterm(port: int, vox: Voxline, metrics_url: str) -> N
         assert live[("voxline_calls_admitted", ())] == 1
         assert live[("voxline_server_info", (("server", "sip"),))] == 1
         assert live[("voxline_rtp_dropped_total", (("cause", "foreign"),))] == 0
+        assert live[("voxline_sip_byes_unanswered_total", ())] == 0
         assert _get_json(metrics_url.replace("/metrics", "/readyz"))[0] == 200
         await asyncio.sleep(0.3)
         vox.proc.send_signal(signal.SIGTERM)

@@ -203,6 +203,9 @@ class SipServer(asyncio.DatagramProtocol):
               for code, n in sorted(self.uas.rejected.items())),
             *(Sample("voxline_rtp_dropped", "counter", rtp, n, (("cause", cause),))
               for cause, n in dropped.items()),
+            Sample("voxline_sip_byes_unanswered", "counter",
+                   "BYEs of ours never answered, sent again until timer F (32 s) gave up.",
+                   self.uas.byes_unanswered),
         ]
 
     # --- life --------------------------------------------------------------------------------
@@ -228,7 +231,7 @@ class SipServer(asyncio.DatagramProtocol):
                 self._send(self.uas.reject(cid, 503, "Service Unavailable (shutting down)",
                                            retry_after=SHUTDOWN_RETRY_AFTER_S))
         for cid in list(self.calls):
-            self._send(self.uas.hangup(cid, "shutdown"))
+            self._send(self.uas.hangup(cid, "shutdown", time.monotonic()))
             await self._end(cid, "shutdown")
         for task in list(self._tasks):
             task.cancel()
@@ -240,7 +243,7 @@ class SipServer(asyncio.DatagramProtocol):
     async def hangup(self, call_id: str, reason: str = "hangup") -> None:
         """The agent ends a call: BYE to the caller (``reason`` in its Reason header), then
         the session is closed with ``reason``."""
-        self._send(self.uas.hangup(call_id, reason))
+        self._send(self.uas.hangup(call_id, reason, time.monotonic()))
         await self._end(call_id, reason)
 
     async def transfer(self, call_id: str, target: str) -> str:

@@ -46,6 +46,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 T1_S = 0.5  # RFC 3261 timer T1: first 2xx retransmission interval
 T2_S = 4.0  # cap of the doubling interval
 ACK_TIMEOUT_S = 64 * T1_S  # timer H: give up on a missing ACK
+BYE_TIMEOUT_S = 64 * T1_S  # timer F: give up on an unanswered BYE of ours
+MAX_PENDING_BYES = 4096  # unanswered BYEs kept for retransmission (the oldest go first)
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
 BUSY_RETRY_AFTER_S = 5  # a full server: calls end within minutes, a retry soon may fit
 SHUTDOWN_RETRY_AFTER_S = 30  # a server going down: a restart takes longer
@@ -55,6 +57,19 @@ SHUTDOWN_RETRY_AFTER_S = 30  # a server going down: a restart takes longer
 class Outgoing:
     data: bytes
     addr: Address
+
+
+@dataclass(slots=True)
+class _PendingBye:
+    """A BYE of ours not answered yet: over UDP it is sent again until a response comes or
+    timer F runs out (RFC 3261 §17.1.2.2: T1, doubling up to T2; T2 once provisional)."""
+
+    data: bytes
+    addr: Address
+    cseq: int
+    give_up_at: float  # 0: set at the first poll (hung up without a time)
+    next_at: float = 0.0
+    interval: float = T1_S
 
 
 @dataclass(slots=True, frozen=True)
@@ -143,6 +158,8 @@ class UserAgentServer:
         self.ack_timeout_s = ack_timeout_s
         self.draining = False  # shutting down: new INVITEs get 503
         self.dialogs: dict[str, Dialog] = {}
+        self.byes: dict[str, _PendingBye] = {}  # Call-ID -> our BYE, until it is answered
+        self.byes_unanswered = 0  # BYEs of ours that timer F gave up on
         self.rejected: dict[int, int] = {}  # status code -> count
         self.mismatched = 0  # in-dialog requests whose tags did not match the dialog's
         self.malformed = 0
@@ -357,8 +374,16 @@ class UserAgentServer:
 
     def _response(self, resp: SipMessage, now: float) -> list[Event]:
         """A response to a request of ours: a REFER's goes to its transfer (matched by CSeq
-        and Via branch, RFC 3261 §17.1.3); the rest (our BYE's) need nothing."""
+        and Via branch, RFC 3261 §17.1.3); a BYE's ends its retransmission (a provisional
+        one slows it to every T2)."""
         number, method = resp.cseq
+        bye = self.byes.get(resp.call_id) if method == "BYE" else None
+        if bye is not None and number == bye.cseq:
+            if resp.status is not None and resp.status >= 200:
+                del self.byes[resp.call_id]
+            else:
+                bye.interval = T2_S
+            return []
         dlg = self.dialogs.get(resp.call_id)
         transfer = dlg.transfer if dlg is not None else None
         if (method != "REFER" or transfer is None or number != transfer.cseq
@@ -438,10 +463,12 @@ class UserAgentServer:
         ]
         return SipMessage(method=method, uri=target.strip(), headers=headers), branch
 
-    def hangup(self, call_id: str, reason: str = "") -> list[Outgoing]:
-        """We end the call: a BYE inside the dialog (From and To swap roles). A ``reason``
-        (``idle``) goes in an RFC 3326 ``Reason`` header as normal call clearing (Q.850
-        cause 16) with the reason as its text."""
+    def hangup(self, call_id: str, reason: str = "", now: float | None = None) -> list[Outgoing]:
+        """We end the call: a BYE inside the dialog (From and To swap roles), sent again by
+        ``poll`` until it is answered (timers E and F; ``now``: when it is sent, else the
+        first ``poll`` starts its timers). A ``reason`` (``idle``) goes in an RFC 3326
+        ``Reason`` header as normal call clearing (Q.850 cause 16) with the reason as its
+        text."""
         dlg = self.dialogs.pop(call_id, None)
         if dlg is None or dlg.state not in ("answered", "confirmed"):
             return []
@@ -450,7 +477,13 @@ class UserAgentServer:
             text = "".join(c for c in reason if c.isprintable() and c not in '"\\')[:64]
             extra.append(("Reason", f'Q.850;cause=16;text="{text}"'))
         bye, _ = self._request(dlg, "BYE", extra)
-        return [Outgoing(bye.to_bytes(), dlg.addr)]
+        data = bye.to_bytes()
+        while len(self.byes) >= MAX_PENDING_BYES:
+            del self.byes[next(iter(self.byes))]
+        self.byes[call_id] = _PendingBye(
+            data, dlg.addr, dlg.local_cseq, 0.0 if now is None else now + BYE_TIMEOUT_S,
+            0.0 if now is None else now + T1_S)
+        return [Outgoing(data, dlg.addr)]
 
     def refer(self, call_id: str, target: str, now: float,
               timeout_s: float = TRANSFER_TIMEOUT_S) -> list[Outgoing]:
@@ -477,11 +510,25 @@ class UserAgentServer:
         dlg.transfer = Transfer(uri, dlg.local_cseq, branch, data, now, timeout_s)
         return [Outgoing(data, dlg.addr)]
 
+    def _resend_byes(self, now: float) -> list[Event]:
+        out: list[Event] = []
+        for cid, bye in list(self.byes.items()):
+            if not bye.give_up_at:  # hung up without a time: the timers start now
+                bye.give_up_at, bye.next_at = now + BYE_TIMEOUT_S, now + T1_S
+            elif now >= bye.give_up_at:
+                del self.byes[cid]
+                self.byes_unanswered += 1
+            elif now >= bye.next_at:
+                out.append(Outgoing(bye.data, bye.addr))
+                bye.interval = min(bye.interval * 2, T2_S)
+                bye.next_at = now + bye.interval
+        return out
+
     def poll(self, now: float) -> list[Event]:
         """Timers: retransmit unacknowledged 200 OKs (doubling up to T2) and give up after
         ``ack_timeout_s`` (32 s: timer H); retransmit an unanswered REFER (timer E) and end
-        a transfer that runs out of time."""
-        out: list[Event] = []
+        a transfer that runs out of time; retransmit our unanswered BYEs (timers E and F)."""
+        out: list[Event] = self._resend_byes(now)
         for cid, dlg in list(self.dialogs.items()):
             if dlg.transfer is not None and not dlg.transfer.finished:
                 due = dlg.transfer.poll(now)
@@ -492,7 +539,7 @@ class UserAgentServer:
             if dlg.state != "answered" or not dlg.retransmit_at or now < dlg.retransmit_at:
                 continue
             if now - dlg.answered_at >= self.ack_timeout_s:
-                out += self.hangup(cid)
+                out += self.hangup(cid, now=now)
                 out.append(CallEnded(cid, "no-ack"))
                 continue
             out.append(Outgoing(dlg.final, dlg.addr))
