@@ -19,11 +19,15 @@ class LLMCapabilities:
     ``prefill``: it can evaluate a prompt ahead of the request that will send it (a local
     model's KV cache), so the LLM stage calls :meth:`ChatLLM.prefill` while the end of the
     caller's speech is being confirmed.
+    ``partial_prefill``: ``prefill`` also takes ``open_turn=True`` — the last (user) message is
+    the caller's words so far and stays open, so a later prompt whose message goes on from them
+    reuses them — the LLM stage then prefills while the caller is still speaking.
     ``tools``: :meth:`ChatLLM.stream` takes ``tools`` and ``tool_choice`` and yields the calls.
     """
 
     prefill: bool = False
     tools: bool = False
+    partial_prefill: bool = False
 
 
 class ChatLLM(Protocol):
@@ -47,10 +51,13 @@ class ChatLLM(Protocol):
         "function": {"name": ...}}`` (that tool must be called)."""
         ...
 
-    def prefill(self, messages: list[dict[str, str]]) -> asyncio.Future[None]:
+    def prefill(self, messages: list[dict[str, str]], *, open_turn: bool = False
+                ) -> asyncio.Future[None]:
         """Evaluate the prompt for ``messages`` now, so that a request starting with them later
         pays only for its first token. Called on the event loop, and only when
-        ``capabilities.prefill`` is true; the future is done when the prompt is in."""
+        ``capabilities.prefill`` is true; the future is done when the prompt is in.
+        ``open_turn`` (passed only when ``capabilities.partial_prefill``): the last message's
+        text goes in without its end or the reply's header; a backend that is busy may skip it."""
         ...
 
     def warmup(self) -> None:

@@ -152,7 +152,7 @@ class LocalLLM:
 
     # llama.cpp keeps the evaluated prefix. ``tools`` is the instance's: a model with a chat
     # template (else no LocalLLM) and a llama.cpp that builds grammar samplers.
-    capabilities = LLMCapabilities(prefill=True)
+    capabilities = LLMCapabilities(prefill=True, partial_prefill=True)
 
     def __init__(self, cfg: LLMConfig) -> None:
         llama_cpp = require(
@@ -205,8 +205,11 @@ class LocalLLM:
         # that may no longer call any), so the system prompt's tokens stay the same.
         self._specs: list[dict[str, Any]] | None = None
         self._grammars: dict[str, Any] = {}  # GBNF text -> a LlamaGrammar that built
-        self.capabilities = LLMCapabilities(prefill=True, tools=self._takes_grammars())
+        self.capabilities = LLMCapabilities(prefill=True, tools=self._takes_grammars(),
+                                            partial_prefill=True)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm")
+        self._jobs = 0  # submitted to the worker and not done (counted on the event loop)
+        self.open_prefills = 0  # open-turn prefills that evaluated something
 
     def warmup(self) -> None:
         # With the system prompt, so its tokens sit in llama.cpp's cache (the prefix of every
@@ -216,17 +219,43 @@ class LocalLLM:
         self._generate(messages, 1, lambda _: None, threading.Event())
 
     def prefill(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+        open_turn: bool = False,
     ) -> asyncio.Future[None]:
         """Evaluate the prompt for ``messages`` now, on the worker, so that a request starting
         with the same messages later finds them in llama.cpp's cache and only pays for its first
         token. Harmless when the request turns out different: the common prefix still counts.
-        The prompt describes the tools last offered (or ``tools``)."""
+        The prompt describes the tools last offered (or ``tools``).
+
+        ``open_turn``: the last message is a user message still being spoken (the words the
+        ASR will not take back). Only the prompt up to the end of its text is evaluated — not
+        the message's end nor the reply's header — so the request that later sends the whole
+        message evaluates only the words after these and the few tokens that close the turn.
+        Skipped (a done future) while the worker has anything to do: it must never make a
+        reply wait."""
         loop = asyncio.get_running_loop()
+        if open_turn:
+            if self._jobs:
+                done: asyncio.Future[None] = loop.create_future()
+                done.set_result(None)
+                return done
+            return self._submit(loop, self._prefill_open, messages)
         offer = _Offer(tools, allowed=False) if tools else None
-        return loop.run_in_executor(
-            self._worker, self._generate, messages, 1, lambda _: None, threading.Event(), offer
+        return self._submit(
+            loop, self._generate, messages, 1, lambda _: None, threading.Event(), offer
         )
+
+    def _submit(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any
+                ) -> asyncio.Future[None]:
+        """Run ``fn`` on the worker, counted in ``_jobs`` until it is done (on the loop)."""
+        self._jobs += 1
+        future = loop.run_in_executor(self._worker, fn, *args)
+
+        def finished(_: object) -> None:
+            self._jobs -= 1
+
+        future.add_done_callback(finished)
+        return future
 
     async def stream(
         self,
@@ -263,7 +292,7 @@ class LocalLLM:
             else:
                 emit(_DONE)
 
-        done = loop.run_in_executor(self._worker, run)
+        done = self._submit(loop, run)
         try:
             while (item := await queue.get()) is not _DONE:
                 if isinstance(item, BaseException):
@@ -318,6 +347,27 @@ class LocalLLM:
                 emit(calls)
         if ended and max_tokens > 1 and prompt.first_turn_end:
             self._same_from = prompt.first_turn_end  # a reply: the turn is the call's
+
+    def _prefill_open(self, messages: list[dict[str, Any]]) -> None:
+        """The prompt for ``messages`` up to the end of the last message's text, evaluated
+        (nothing sampled). Skipped when that text does not appear in the rendered prompt as
+        given, or its tokens are not the beginning of the closed message's tokens."""
+        prompt = self._fit(messages, self._specs)
+        content = messages[-1]["content"]
+        text = self._template(messages=tool_turns_as_text(messages, self._specs)).prompt
+        at = text.rfind(content) if content else -1
+        if at < 0:
+            return
+        tokens = self._tokenize(text[: at + len(content)])
+        closed = prompt.tokens
+        if len(tokens) >= len(closed) or not np.array_equal(closed[: len(tokens)], tokens):
+            return
+        stats = self._prepare(Prompt(tokens, prompt.turn_start, 0))
+        self._count(stats)
+        rest = tokens[self._llama.n_tokens:]
+        if len(rest):
+            self._llama.eval(rest.tolist())
+            self.open_prefills += 1
 
     def _complete(
         self, tokens: np.ndarray, max_tokens: int, stop: threading.Event,

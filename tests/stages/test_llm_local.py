@@ -248,6 +248,52 @@ def test_a_prefill_leaves_its_prompt_for_the_real_request(warm: LocalLLM) -> Non
     assert real.reused >= prefilled.prompt - closing  # all but the template's closing tokens
 
 
+def test_an_open_prefill_of_the_words_so_far_leaves_the_request_only_the_rest(
+    warm: LocalLLM,
+) -> None:
+    import numpy as np
+
+    history = ChatHistory(warm.cfg.system_prompt, 16)
+    asyncio.run(talk(warm, history, CALLER[0]))
+    heard, said = "Do you have anything near", "Do you have anything near the window?"
+
+    async def turn() -> tuple[np.ndarray, PromptStats]:
+        before = warm.open_prefills
+        await warm.prefill(history.messages() + [{"role": "user", "content": heard}],
+                           open_turn=True)
+        assert warm.open_prefills == before + 1
+        opened = np.array(warm._llama.input_ids[: warm._llama.n_tokens])
+        history.add_user(said)
+        async for _ in warm.stream(history.messages()):
+            pass
+        assert warm.last is not None
+        return opened, warm.last
+
+    opened, real = asyncio.run(turn())
+    # The open message is the caller's words and no more: not its end, not the reply's header.
+    text = warm._llama.detokenize(opened.tolist(), special=True).decode()
+    assert text.endswith("<|im_start|>user\n" + heard)
+    # The request went on from there: every open token reused, only the rest evaluated.
+    closed = warm._fit(history.messages()).tokens  # the request's own prompt
+    assert np.array_equal(closed[: len(opened)], opened)
+    rest = len(warm._tokenize(" the window?<|im_end|>\n<|im_start|>assistant\n"))
+    assert real.reused >= len(opened) and real.evaluated <= rest + 1
+
+
+def test_an_open_prefill_never_makes_a_reply_wait(warm: LocalLLM) -> None:
+    async def main() -> tuple[bool, int]:
+        before = warm.open_prefills
+        stream = warm.stream(STORY)
+        await anext(stream)  # the worker is generating
+        skipped = warm.prefill([{"role": "user", "content": "Tell me about"}], open_turn=True)
+        done = skipped.done()
+        await stream.aclose()
+        return done, warm.open_prefills - before
+
+    done, evaluated = asyncio.run(main())
+    assert done and evaluated == 0
+
+
 def test_a_history_too_long_for_the_context_loses_its_oldest_turns_not_the_request() -> None:
     pytest.importorskip("llama_cpp")
     llm = LocalLLM(LLMConfig(max_tokens=16, temperature=0.0, threads=1, context=256))

@@ -231,3 +231,41 @@ def test_prefill_on_a_pause_does_not_change_the_reply(llm: LocalLLM) -> None:
     without, m = asyncio.run(reply(False))
     assert n >= 1 and m == 0
     assert with_prefill and with_prefill == without  # temperature 0: the same words
+
+
+def test_the_words_said_so_far_are_prefilled_while_the_caller_speaks(llm: LocalLLM) -> None:
+    from agent.frames import SpeechPaused, SpeechStarted
+
+    def cached() -> str:
+        ids = llm._llama.input_ids[: llm._llama.n_tokens].tolist()
+        return llm._llama.detokenize(ids, special=True).decode()
+
+    async def reply(prefill: bool) -> tuple[str, list[str], int]:
+        agent = AgentConfig(prefill=prefill, first_audio_wait_ms=0)
+        seen: list[str] = []
+        async with Harness(llm, agent) as h:
+            push = h.pipeline.push
+            push(SpeechStarted(at=0), DOWN)
+            # the stable prefix ends inside a word: only the whole words before it go in
+            push(Transcript("What is the opposite", final=False, stable=len("What is the op")), DOWN)
+            await asyncio.sleep(0.3)
+            seen.append(cached())
+            push(Transcript("What is the opposite of", final=False,
+                            stable=len("What is the opposite ")), DOWN)
+            await asyncio.sleep(0.3)
+            seen.append(cached())
+            push(SpeechPaused(at=16000), DOWN)  # paused: the speculative request's turn, not ours
+            push(Transcript(PREFILL_QUESTION, final=False, stable=len(PREFILL_QUESTION),
+                            speculative=True), DOWN)
+            push(UserTurnEnded(PREFILL_QUESTION), DOWN)
+            await h.until(lambda fs: any(isinstance(f, LLMEnd) for f in fs))
+            end = next(f for f in h.frames if isinstance(f, LLMEnd))
+            return end.text, seen, h.stage.prefills
+
+    with_prefill, seen, n = asyncio.run(reply(True))
+    assert n == 2
+    assert seen[0].endswith("<|im_start|>user\nWhat is the")
+    assert seen[1].endswith("<|im_start|>user\nWhat is the opposite")
+    without, _, m = asyncio.run(reply(False))
+    assert m == 0
+    assert with_prefill and with_prefill == without  # temperature 0: the same words
