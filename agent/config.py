@@ -109,8 +109,11 @@ class LLMConfig:
     idle_timeout_s: float = 10.0
     reply_timeout_s: float = 60.0
     threads: int = 1  # generation threads (one leaves a core to the TTS and ASR)
-    batch_threads: int = 2  # prompt-evaluation threads: the time to the first token
-    burst_tokens: int = 10  # the reply's first tokens are generated with batch_threads too
+    # prompt-evaluation threads. One: with preemption the reply's prompt is evaluated while
+    # the turn model and the ASR run, and two llama.cpp threads on 2 busy cores wait on each
+    # other (first chunk p50 173 -> 105 ms with one, benchmarks/voice_turn.py, 15 clips)
+    batch_threads: int = 1
+    burst_tokens: int = 10  # with batch_threads > threads: the first tokens get them too
     context: int = 2048  # local: tokens; 16 turns of ~70-100 tokens, the reply included
     # local: keep each call's KV cache between its turns (evaluate only what is new, shift
     # out dropped turns); off: llama.cpp's plain prefix match, one conversation at a time
@@ -149,9 +152,11 @@ class AgentConfig:
     # The first TTS chunk of a reply may end at a clause after min_first_chunk_words and ends
     # after max_first_chunk_words at the latest (0: off). Short, because a reply's first audio
     # waits for the LLM to write it and the TTS to speak it: 2/4 against 3/6 took ~180 ms off
-    # the median voice-to-voice on 2 cores (benchmarks/voice_turn.py, 6 clips).
-    min_first_chunk_words: int = 2
-    max_first_chunk_words: int = 4
+    # the median voice-to-voice on 2 cores (benchmarks/voice_turn.py, 6 clips), 1/2 against
+    # 2/4 another ~60 ms (15 clips); the next chunk is written while the first plays (the
+    # benchmark counts the gaps inside replies).
+    min_first_chunk_words: int = 1
+    max_first_chunk_words: int = 2
     first_audio_wait_ms: int = 600  # the LLM pauses after its first chunk until that audio is out
     prefill: bool = True  # a local LLM evaluates the likely prompt while the end of speech is confirmed
     # at a pause, prepare the reply (LLM and first TTS audio) to the speculative transcript while

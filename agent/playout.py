@@ -128,6 +128,12 @@ class Playout:
         self._voice_samples = 0  # of complete texts: their audio and their characters,
         self._voice_chars = 0  # the call's voice's pace
         self.confirmed_heard = False
+        # Gaps: a reply's audio ran out before its next text's audio came (the LLM or the TTS
+        # fell behind the voice); counted when the reply's audio resumes.
+        self.gaps = 0
+        self.gap_samples = 0
+        self._dry_reply = 0  # the reply whose audio ran out, while more of it may come
+        self._dry_samples = 0
         self._cut: tuple[list[_Said], int] | None = None  # a flush waiting for settle()
         # Called when audio arrives while nothing is queued, so a paced transport can send it
         # at once instead of at its next tick.
@@ -160,6 +166,7 @@ class Playout:
             return
         self.paused = True
         self.pauses += 1
+        self._dry_reply = 0
         if self.speaking:
             self.speaking = False
             self._upstream(BotStoppedSpeaking(interrupted=True))
@@ -185,6 +192,8 @@ class Playout:
             said[-1].complete = True  # (an utterance closed without its last chunk)
         if reply:
             self._newest = max(self._newest, reply)
+        if reply != self._dry_reply:
+            self._dry_reply = 0  # another message follows: a pause between replies, no gap
         said.append(_Said(reply, text, self._written, self._written))
         # Forget texts heard whole that belong to an earlier message than the newest one.
         while len(said) > 1 and (
@@ -259,6 +268,7 @@ class Playout:
     def flush(self) -> None:
         """Barge-in: drop every queued sample now; the agent stops within one frame."""
         self.paused = False
+        self._dry_reply = 0
         self._chunks.clear()
         self._head = 0
         self._queued = 0
@@ -289,7 +299,11 @@ class Playout:
         if self._queued == 0:
             if self.speaking and not self._utterance_open:
                 self.speaking = False
+                self._dry_reply = self._said[-1].reply if self._said else 0
+                self._dry_samples = 0
                 self._upstream(BotStoppedSpeaking())
+            if self._dry_reply:
+                self._dry_samples += self.frame_samples if out is None else len(out)
             self._nothing(out)
             return None
         if out is None:
@@ -313,6 +327,10 @@ class Playout:
             self._heard = self._pulled
         if not self.speaking:
             self.speaking = True
+            if self._dry_reply:
+                self.gaps += 1
+                self.gap_samples += self._dry_samples
+                self._dry_reply = 0
             self._upstream(BotStartedSpeaking())
         self.frames_out += 1
         for sink in self._played:

@@ -52,9 +52,11 @@ SPANS = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transpor
 
 MODES = {
     # today's endpointing before semantic turns: a fixed silence, no preemption, no resume,
-    # the first TTS chunk at 3-6 words (the LLM's warm KV cache and the VAD's noise rule stay)
+    # the first TTS chunk at 3-6 words, two threads for the LLM's prompt (the LLM's warm KV
+    # cache, its prefill of the caller's words and the VAD's noise rule stay)
     "fixed": {"turn.mode": "vad", "agent.preempt": False, "turn.resume_false_interrupts": False,
-              "agent.min_first_chunk_words": 3, "agent.max_first_chunk_words": 6},
+              "agent.min_first_chunk_words": 3, "agent.max_first_chunk_words": 6,
+              "llm.batch_threads": 2},
     "semantic": {},  # the defaults
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
@@ -123,7 +125,8 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
             "tokens": llm.tokens_generated, "tokens_discarded": llm.tokens_discarded,
             "tool_calls": llm.tool_calls, "fillers": llm.fillers,
             "speculations": llm.speculations, "adopted": llm.adopted,
-            "false_interrupts": turn.false_interrupts, "interrupts": turn.interrupts}
+            "false_interrupts": turn.false_interrupts, "interrupts": turn.interrupts,
+            "gaps": session.playout.gaps, "gap_ms": session.playout.gap_samples * 1000 / SAMPLE_RATE}
 
 
 def percentiles(xs: list[float]) -> dict:
@@ -139,7 +142,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     models = mode_models(models, cfg)
     pairs_ls, pairs_all = [], []
     per_clip = []
-    tokens = discarded = specs = adopted = 0
+    tokens = discarded = specs = adopted = gaps = 0
+    gap_ms = 0.0
     for i, m in enumerate(manifest, 1):
         pcm = read_audio(DATA / m["path"])
         if noise is not None:
@@ -149,6 +153,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         discarded += r["tokens_discarded"]
         specs += r["speculations"]
         adopted += r["adopted"]
+        gaps += r["gaps"]
+        gap_ms += r["gap_ms"]
         hyp = " ".join(r["finals"])
         pairs_all.append((m["text"], hyp))
         if m["id"].startswith("ls-"):
@@ -180,6 +186,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "llm_tokens": tokens, "llm_tokens_discarded": discarded,
         "preempt_waste": discarded / tokens if tokens else 0.0,
         "speculations": specs, "adopted": adopted,
+        # a reply's audio ran out before its next chunk's came (playout.gaps)
+        "reply_gaps": gaps, "reply_gap_ms": round(gap_ms),
         "per_clip": per_clip,
     }
 
@@ -232,7 +240,8 @@ def print_table(res: dict) -> None:
         wl = r["wer_librispeech"]
         print(f"{m}: WER all {r['wer_all']:.2%}" + (f", LibriSpeech {wl:.2%}" if wl is not None else "")
               + f"; preemptive waste {r['preempt_waste']:.1%} of {r['llm_tokens']} LLM tokens "
-              f"({r['adopted']}/{r['speculations']} speculative replies adopted)")
+              f"({r['adopted']}/{r['speculations']} speculative replies adopted); "
+              f"{r['reply_gaps']} gaps inside replies ({r['reply_gap_ms']} ms in all)")
     if "noise" in res and "semantic" in modes:
         clean = modes["semantic"]["spans_ms"].get("vad_eos", {}).get("p95")
         for snr, r in res["noise"].items():

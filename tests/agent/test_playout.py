@@ -41,3 +41,27 @@ def test_queue_is_bounded():
     for _ in range(5):
         po.write(np.ones(8000, dtype=np.int16))
     assert po.queued_samples == 16000 and po.dropped_samples == 24000
+
+
+def test_a_reply_whose_audio_runs_out_before_its_next_text_counts_a_gap():
+    from agent.frames import TextToSpeak
+
+    po = Playout(lambda f: None)
+    po.on_frame(TextToSpeak("Sure,", reply=7))
+    po.on_frame(TTSAudio(np.ones(640, dtype=np.int16), last=True))
+    assert po.pull() is not None and po.pull() is not None
+    for _ in range(3):  # the next chunk is late: three frames of silence inside the reply
+        assert po.pull() is None
+    po.on_frame(TextToSpeak("I can help with that.", reply=7))
+    po.on_frame(TTSAudio(np.ones(640, dtype=np.int16), last=True))
+    assert po.pull() is not None
+    assert (po.gaps, po.gap_samples) == (1, 3 * 320)
+    # Another reply after a silence is a new message, not a gap; nor is audio that keeps up.
+    po.pull(), po.pull(), po.pull()
+    po.on_frame(TextToSpeak("Anything else?", reply=8))
+    po.on_frame(TTSAudio(np.ones(640, dtype=np.int16)))
+    po.on_frame(TextToSpeak("Just ask.", reply=8))
+    po.on_frame(TTSAudio(np.ones(640, dtype=np.int16), last=True))
+    while po.pull() is not None:
+        pass
+    assert po.gaps == 1
