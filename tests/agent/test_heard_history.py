@@ -26,7 +26,9 @@ from stages.tts.stage import TTSStage
 class Call:
     def __init__(self, llm: ScriptedLLM) -> None:
         self.llm = llm
-        agent = AgentConfig(first_audio_wait_ms=0, preempt=False, prefill=False)
+        # (first chunks of 2-4 words: the chunk boundaries these cases cut inside)
+        agent = AgentConfig(first_audio_wait_ms=0, preempt=False, prefill=False,
+                            min_first_chunk_words=2, max_first_chunk_words=4)
         self.stage = LLMStage(llm, LLMConfig(), agent)
         self.tts = TTSStage(CharTTS(), TTSConfig())
         self.session = Session(Pipeline([self.stage, self.tts]))

@@ -26,7 +26,7 @@ from agent.tools import Tools, tool
 
 pytestmark = pytest.mark.slow
 
-CALLER = "Hello. I would like to book a table for four people at seven tonight, please."
+CALLER = "I would like to book a table for four people at seven tonight, please."
 BOOKINGS: list[dict[str, Any]] = []
 
 

@@ -195,7 +195,9 @@ class CallHarness(StageHarness):
 
     def __init__(self, llm: OpenAILLM, tts: BrittleTTS) -> None:
         self.frames: list[Frame] = []
-        self.llm_stage = LLMStage(llm, llm.cfg, AgentConfig(first_audio_wait_ms=0))
+        # (first chunks of 2-4 words: the chunks these expectations were written for)
+        agent = AgentConfig(first_audio_wait_ms=0, min_first_chunk_words=2, max_first_chunk_words=4)
+        self.llm_stage = LLMStage(llm, llm.cfg, agent)
         self.tts_stage = TTSStage(tts, TTSConfig(chunk_ms=20))  # type: ignore[arg-type]
         self.stage = self.llm_stage
         self.pipeline = Pipeline([self.llm_stage, self.tts_stage], on_output=self._out)

@@ -68,8 +68,10 @@ def call(tool_name: str, cid: str = "c1", **args: Any) -> ToolCall:
 
 class Harness:
     def __init__(self, llm: ToolScriptLLM, tools: Tools, **agent: Any) -> None:
+        # (first chunks of 2-4 words: the chunks these expectations were written for)
         options = {"first_audio_wait_ms": 0, "preempt": False, "prefill": False,
-                   "filler_delay_ms": 5_000, **agent}
+                   "filler_delay_ms": 5_000, "min_first_chunk_words": 2,
+                   "max_first_chunk_words": 4, **agent}
         self.llm = llm
         self.stage = LLMStage(llm, LLMConfig(tool_timeout_s=2.0), AgentConfig(**options),
                               tools=tools)
