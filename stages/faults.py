@@ -13,12 +13,14 @@ APOLOGY = "Sorry, I'm having trouble — one moment."
 LLM_UNAVAILABLE = "llm_unavailable"
 LLM_TIMEOUT = "llm_timeout"
 LLM_BAD_RESPONSE = "llm_bad_response"
+LLM_EMPTY_REPLY = "llm_empty_reply"
 TTS_FAILED = "tts_failed"
 
 MESSAGES: dict[str, str] = {
     LLM_UNAVAILABLE: "the assistant's language model is unavailable",
     LLM_TIMEOUT: "the assistant's language model did not answer in time",
     LLM_BAD_RESPONSE: "the assistant's language model sent a reply that could not be read",
+    LLM_EMPTY_REPLY: "the assistant's language model gave a reply with nothing to say",
     TTS_FAILED: "the assistant's voice could not speak a reply",
 }
 

@@ -97,9 +97,12 @@ class ChatHistory:
     drop happens once every 9 turns; ``keep_turns == max_turns`` is the old one-turn slide.
 
     An assistant message cut by a barge-in holds what the caller heard of it (see
-    :meth:`revise`) and is sent with ``interrupted_mark`` after it; one cut before its first
-    word is sent as the mark alone, so the model sees that it was interrupted and the turns
-    still alternate.
+    :meth:`revise`) and is sent with ``interrupted_mark`` after it. A reply to the caller cut
+    before its first word was never heard: for the caller, they spoke twice in a row. So the
+    caller's next words join their previous message and the unheard reply goes (a small model
+    shown a reply that is only the mark answers with the mark, which says nothing). Anywhere
+    else (a greeting cut before its first word, a reply that called tools) the message is sent
+    as the mark alone, so the model sees that it was interrupted and the turns still alternate.
     """
 
     def __init__(self, system_prompt: str, max_turns: int, keep_turns: int | None = None,
@@ -112,8 +115,31 @@ class ChatHistory:
         self.entries: list[Message] = []
 
     def add_user(self, text: str) -> None:
-        self.entries.append(Message("user", text))
+        entries = self.entries
+        if self._unheard_reply():
+            del entries[-1]
+            entries[-1] = replace(entries[-1], content=f"{entries[-1].content} {text}".strip())
+        else:
+            entries.append(Message("user", text))
         self._trim(current=True)
+
+    def messages_with(self, text: str) -> list[dict[str, Any]]:
+        """The request payload once the caller's ``text`` is added (as :meth:`add_user` would
+        add it); the history itself stays as it is. For requests made ahead of the turn's end
+        (a prefill, a speculative reply), so they send what the turn's request will."""
+        saved = list(self.entries)
+        try:
+            self.add_user(text)
+            return self.messages()
+        finally:
+            self.entries = saved
+
+    def _unheard_reply(self) -> bool:
+        """The last message is a reply to the caller's message before it, cut before its first
+        word and without tool calls: the caller heard nothing of it."""
+        e = self.entries
+        return (len(e) >= 2 and e[-1].role == "assistant" and e[-1].truncated
+                and not e[-1].content.strip() and not e[-1].tool_calls and e[-2].role == "user")
 
     def add_assistant(self, text: str, truncated: bool = False,
                       tool_calls: tuple[dict[str, Any], ...] = ()) -> Message:

@@ -35,7 +35,7 @@ from agent.frames import (
 )
 from agent.stage import DOWN, UP, QueuedStage, StageContext
 from agent.tools import CallsComing, ToolCall, ToolContext, ToolResult, Tools, run_tool
-from stages.faults import APOLOGY, LLM_UNAVAILABLE, StageFault, fault_frame
+from stages.faults import APOLOGY, LLM_EMPTY_REPLY, LLM_UNAVAILABLE, StageFault, fault_frame
 from stages.llm.chat import ChatHistory, ChatLLM, Message
 from stages.llm.sentences import SentenceAggregator
 
@@ -157,7 +157,8 @@ class LLMStage(QueuedStage):
     (``TextToSpeak.reply``). When a barge-in cuts the playout, the playout reports what of each
     message reached the caller (:class:`HeardText`), and the message in the history becomes
     exactly that, marked truncated (sent with ``[llm] interrupted_mark``); a reply cut before
-    its first audio leaves the mark alone. This holds whether the reply was still being
+    its first audio was never heard, and the caller's next turn joins the turn it answered
+    (:class:`~stages.llm.chat.ChatHistory`). This holds whether the reply was still being
     generated or already complete and playing, and the message keeps its place in the
     history. The next request waits briefly for that report (``HEARD_WAIT_S``), so it always
     carries the heard text; an ``LLMEnd(cancelled=True)`` closes a reply cut mid-generation.
@@ -171,7 +172,9 @@ class LLMStage(QueuedStage):
     ``info.error`` and a call event). The history keeps only what was said: the chunks sent
     to the TTS, marked truncated, or nothing of the turn when nothing was said (a request that
     failed outright, e.g. too long for the context, then cannot poison every later one). The
-    apology itself stays out of the history: it is the agent's, not the model's.
+    apology itself stays out of the history: it is the agent's, not the model's. A reply with
+    no word in it (empty, or only punctuation such as the interrupted mark) would leave the
+    caller in silence, so it fails the same way (``llm_empty_reply``).
 
     The stage owns the configured greeting: it speaks it once, from :meth:`start`, keeps it in
     the history as the agent's first words and traces it as the ``greeting`` turn, timed from
@@ -325,7 +328,7 @@ class LLMStage(QueuedStage):
             return  # the history is about to change: a reply to it now would be wasted
         self._discard()
         spec = Reply(text, id=next(_speculation_ids), confirmed=False)
-        messages = self.history.messages() + [{"role": "user", "content": text}]
+        messages = self.history.messages_with(text)
         spec.task = self.ctx.spawn(self._generate(messages, spec, 0), name="llm-speculation")
         spec.task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._speculation = spec
@@ -372,7 +375,7 @@ class LLMStage(QueuedStage):
             return
         if self._prefilling is not None and not self._prefilling.done():
             return
-        messages = self.history.messages() + [{"role": "user", "content": text}]
+        messages = self.history.messages_with(text)
         self.prefills += 1
         self._prefilling = self.llm.prefill(messages)
         self._prefilling.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -396,7 +399,7 @@ class LLMStage(QueuedStage):
         if not stable or stable == self._prefilled:
             return
         self._prefilled = stable
-        messages = self.history.messages() + [{"role": "user", "content": stable}]
+        messages = self.history.messages_with(stable)
         self.prefills += 1
         self._prefilling = self.llm.prefill(messages, open_turn=True)
         self._prefilling.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -483,6 +486,8 @@ class LLMStage(QueuedStage):
                     self._spoke.clear()
                 await self._generate(self.history.messages(), reply, step)
             calls, sp = reply.calls, reply.spoken
+            if not calls and not _speakable(reply.said):
+                raise EmptyReply(f"the model's reply has nothing to say: {reply.step_text!r}")
             sp.whole = True
             sp.message = self.history.add_assistant(reply.step_text, tool_calls=_call_dicts(calls))
             if not calls:
@@ -649,7 +654,7 @@ class LLMStage(QueuedStage):
             log.error("%s: the reply failed (%s)", self.name, code, exc_info=exc)
         self.errors += 1
         reply.end_filler()
-        said = " ".join(reply.said)
+        said = " ".join(reply.said) if _speakable(reply.said) else ""
         if said or reply.step_from:
             reply.spoken.message = self.history.add_assistant(said, truncated=True)
         else:
@@ -731,6 +736,17 @@ class LLMStage(QueuedStage):
         rest = chunks.flush()  # only once the reply is complete: a failed one's tail is unsaid
         if rest:
             self._say(reply, rest)
+
+
+class EmptyReply(StageFault):
+    """The model's reply has no word to say."""
+
+    code = LLM_EMPTY_REPLY
+
+
+def _speakable(chunks: list[str]) -> bool:
+    """Whether the chunks hold a word (a letter or digit) for the caller to hear."""
+    return any(ch.isalnum() for chunk in chunks for ch in chunk)
 
 
 def _call_dicts(calls: list[ToolCall]) -> tuple[dict[str, Any], ...]:

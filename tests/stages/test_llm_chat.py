@@ -82,24 +82,40 @@ def test_zero_turns_keeps_only_the_current_question() -> None:
     assert [m["content"] for m in h.messages()] == ["S", "new"]
 
 
-def test_interrupted_replies_carry_the_mark_and_an_unheard_one_is_the_mark_alone() -> None:
+def test_interrupted_replies_carry_the_mark_and_an_unheard_one_joins_the_callers_turns() -> None:
     h = ChatHistory("S", 6)
     h.add_user("Tell me a story")
     h.add_assistant("Once upon", truncated=True)
     h.add_user("Stop")
-    h.add_assistant("", truncated=True)  # cut before its first word: the turns still alternate
+    h.add_assistant("", truncated=True)  # cut before its first word: the caller heard nothing
+    assert h.messages_with("Hello?")[-2:] == [
+        {"role": "assistant", "content": "Once upon…"}, {"role": "user", "content": "Stop Hello?"}]
+    assert len(h.entries) == 4  # (messages_with left the history as it was)
     h.add_user("Hello?")
     h.add_assistant("")  # nothing said, nothing cut: left out
     h.add_user("Anyone?")
-    assert [e.truncated for e in h.entries] == [False, True, False, True, False, False, False]
+    assert [e.truncated for e in h.entries] == [False, True, False, False, False]
     assert [m["content"] for m in h.messages()] == [
-        "S", "Tell me a story", "Once upon…", "Stop", "…", "Hello?", "Anyone?",
+        "S", "Tell me a story", "Once upon…", "Stop Hello?", "Anyone?",
     ]
     assert all(set(m) == {"role", "content"} for m in h.messages())
     plain = ChatHistory("S", 6, interrupted_mark="")
     plain.add_user("Tell me a story")
     plain.add_assistant("Once upon", truncated=True)
     assert plain.messages()[-1] == {"role": "assistant", "content": "Once upon"}
+
+
+def test_an_unheard_greeting_or_tool_call_stays_as_the_mark() -> None:
+    h = ChatHistory("S", 6)
+    h.add_assistant("", truncated=True)  # the greeting, cut before its first word
+    h.add_user("Hi")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    h.add_assistant("", truncated=True, tool_calls=(call,))  # its tools were called
+    h.add_user("Hello?")
+    assert [(m["role"], m["content"]) for m in h.messages()] == [
+        ("system", "S"), ("assistant", "…"), ("user", "Hi"), ("assistant", "…"),
+        ("user", "Hello?"),
+    ]
 
 
 def test_revise_replaces_a_message_where_it_stands() -> None:

@@ -19,7 +19,8 @@ from agent.frames import (
     Transcript,
     UserTurnEnded,
 )
-from stages.faults import APOLOGY, LLM_UNAVAILABLE, fault_frame
+from stages.faults import APOLOGY, LLM_EMPTY_REPLY, LLM_UNAVAILABLE, fault_frame
+from stages.llm.chat import LLMCapabilities
 from stages.llm.local import LocalLLM
 from stages.llm.stage import LLMStage
 
@@ -269,3 +270,41 @@ def test_the_words_said_so_far_are_prefilled_while_the_caller_speaks(llm: LocalL
     without, _, m = asyncio.run(reply(False))
     assert m == 0
     assert with_prefill and with_prefill == without  # temperature 0: the same words
+
+
+class _ReplyOfMarks:
+    """A model that answers with punctuation only: "…", the interrupted mark it was shown
+    (SmolLM2 does that when the history ends with a reply that is the mark alone)."""
+
+    capabilities = LLMCapabilities()
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def stream(self, messages):  # noqa: ANN001, ANN201
+        self.requests += 1
+        yield "…" if self.requests == 1 else "Of course."
+
+    def warmup(self) -> None:
+        pass
+
+
+def test_a_reply_with_no_word_is_apologized_for_not_left_silent() -> None:
+    async def main() -> StageHarness:
+        llm = _ReplyOfMarks()
+        async with StageHarness(LLMStage(llm, LLMConfig(), AgentConfig()), timeout=10.0) as h:
+            h.pipeline.push(UserTurnEnded("Your call is now first in line."), DOWN)
+            await h.until(lambda fs: ends(fs) == 1)
+            h.pipeline.push(UserTurnEnded("Can you help?"), DOWN)
+            await h.until(lambda fs: ends(fs) == 2)
+            return h
+
+    h = asyncio.run(main())
+    (error,) = [f for f in h.frames if isinstance(f, ErrorFrame)]
+    assert error.code == LLM_EMPTY_REPLY and h.stage.errors == 1
+    spoken = [f.text for f in h.frames if isinstance(f, TextToSpeak)]
+    assert spoken[-2:] == [APOLOGY, "Of course."]  # the caller heard why, then the next answer
+    failed, answered = [f for f in h.frames if isinstance(f, LLMEnd)]
+    assert failed.cancelled and not answered.cancelled
+    assert [(e.role, e.content) for e in h.stage.history.entries] == [
+        ("user", "Can you help?"), ("assistant", "Of course.")]

@@ -41,6 +41,9 @@ class CallerLog:
     first_agent_audio_s: float | None = None  # seconds since the stream started
     marks_sent: list[str] = field(default_factory=list)  # names, in the order the bot sent them
     marks_echoed: list[str] = field(default_factory=list)
+    # marks still behind unplayed audio in the handset buffer when the caller hung up: never
+    # echoed, as on a real call
+    marks_unplayed: list[str] = field(default_factory=list)
     clears: list[float] = field(default_factory=list)  # seconds since the stream started
     dropped_by_clear: int = 0  # chunks the bot's clear removed from the handset buffer
     barge_in_s: float | None = None  # when the caller started talking over the bot
@@ -87,6 +90,7 @@ class TwilioCaller:
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+            self.log.marks_unplayed = [item for kind, item in self._queue if kind == "mark"]
         return self.log
 
     async def _stream(self, ws: Any, audio8k: np.ndarray, dtmf: dict[float, str],
