@@ -239,7 +239,9 @@ def arguments(
         args: Any = {}
     else:
         try:
-            args = json.loads(text)
+            # strict=False: a raw newline or tab inside a string (small models write them) is
+            # that character, not an error to send back
+            args = json.loads(text, strict=False)
         except (json.JSONDecodeError, RecursionError, TypeError) as exc:
             raise InvalidArguments(
                 f"they are not valid JSON ({exc}); send one JSON object") from None

@@ -282,6 +282,14 @@ def test_bad_arguments_are_invalid_with_what_to_fix(raw: str, expected: str) -> 
     assert expected in result.content
 
 
+def test_raw_control_characters_inside_strings_are_taken_as_written() -> None:
+    # a small model's forced call wrote a newline inside a string value (strict JSON refuses it)
+    result = run(order, "order", '{"item": "green\ntea", "count": 2, "note": "for\tme"}')
+    assert result.outcome == "ok", result.content
+    assert json.loads(result.content)["item"] == "green\ntea"
+    assert json.loads(result.content)["note"] == "for\tme"
+
+
 def test_nested_schemas_are_checked_by_path() -> None:
     schema = {"type": "object", "properties": {
         "rooms": {"type": "array", "items": {"type": "object", "properties": {

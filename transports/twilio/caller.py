@@ -61,8 +61,9 @@ class TwilioCaller:
 
     ``dtmf`` maps a time in seconds to a digit pressed then; ``tail_s`` keeps the call open
     after the audio so the bot can answer; ``until`` ends that tail early once it returns true.
-    ``barge_in`` is more caller speech, started ``barge_in_after_s`` after the bot's audio
-    first plays: the caller talking over the agent.
+    ``barge_in`` is more caller speech, started once the caller's own audio has been sent and
+    the bot has then played audio without a break for ``barge_in_after_s``: the caller talking
+    over the agent (not merely going on after a pause the agent took for the end of the turn).
     """
 
     def __init__(self, stream_sid: str = "", call_sid: str = "") -> None:
@@ -71,6 +72,7 @@ class TwilioCaller:
         self.log = CallerLog()
         self._queue: list[tuple[str, Any]] = []  # the handset buffer: ("audio", pcm)|("mark", n)
         self._t0 = 0.0
+        self._playing_ticks = 0  # consecutive handset ticks that played agent audio
 
     async def run(self, ws: Any, audio8k: np.ndarray, dtmf: dict[float, str] | None = None,
                   tail_s: float = 10.0, until: Any = None, barge_in: np.ndarray | None = None,
@@ -102,9 +104,8 @@ class TwilioCaller:
         silence = np.zeros(CHUNK, np.int16)
         extra = np.zeros(0, np.int16)  # barge-in speech still to send
         for k in range(n_total):
-            heard_at = self.log.first_agent_audio_s
-            if (barge_in is not None and heard_at is not None
-                    and k * CHUNK_S >= heard_at + barge_in_after_s):
+            if (barge_in is not None and k >= n_audio
+                    and self._playing_ticks * CHUNK_S >= barge_in_after_s):
                 extra, barge_in = barge_in, None
                 self.log.barge_in_s = k * CHUNK_S
             if k >= n_audio and not len(extra) and until is not None and until():
@@ -143,6 +144,7 @@ class TwilioCaller:
                 self._queue.pop(0)
                 self.log.agent_chunks.append(item)
                 played = True
+        self._playing_ticks = self._playing_ticks + 1 if played else 0
 
     async def _read(self, ws: Any) -> None:
         async for raw in ws:
