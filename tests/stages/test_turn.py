@@ -846,3 +846,147 @@ def test_a_barge_in_without_words_resumes_the_agent(heard: str) -> None:
     call.audio(300)
     call.send(Transcript("stop", final=False, start=again, end=call.pos))
     assert [f.at for f in call.out if isinstance(f, Interrupt)] == [again]
+
+
+# --- the words' end-of-turn check (turn.text_check): sound and words must both say finished ---
+
+
+class ScriptedWords:
+    """A words model answering P(the message ends) per text; records what it was asked."""
+
+    def __init__(self, answers: dict[str, float], fail: bool = False) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+        self.fail = fail
+
+    async def predict(self, text: str) -> float:
+        self.asked.append(text)
+        await asyncio.sleep(0)
+        if self.fail:
+            raise RuntimeError("words model exploded")
+        return self.answers[text]
+
+
+def words_call(words: ScriptedWords, verdict: float = 0.95, trace: Trace | None = None,
+               **cfg: object) -> SemanticCall:
+    opts: dict = {"pause_ms": VAD_STOP_MS, "text_check": True, "text_threshold": 0.1,
+                  "text_wait_ms": 900, "max_wait_ms": 1500, "rescore_ms": 0, **cfg}
+    turn_cfg = TurnConfig(**opts)
+    call = SemanticCall(ScriptedScorer(verdict), turn_cfg, trace=trace)
+    call.turn = TurnDetector(turn_cfg, vad_stop_ms=VAD_STOP_MS, scorer=call.turn.scorer,
+                             text_scorer=words)
+    call.pipe = Pipeline([call.turn], on_output=call.out.append, on_upstream=call.up.append)
+    return call
+
+
+async def _silence_until_end(call: SemanticCall, limit_ms: int = 3000) -> int:
+    """Feed silence until the turn ends; the silence since the last stop, in ms."""
+    for _ in range(limit_ms // 20):
+        if call.ends():
+            break
+        call.audio(20)
+        await call.settle()
+    return call.pos
+
+
+def test_sound_and_words_both_finished_end_the_turn_at_once() -> None:
+    async def main() -> None:
+        trace = Trace()
+        words = ScriptedWords({"book a table for two": 0.6})
+        call = words_call(words, trace=trace)
+        await call.begin()
+        stop = call.say(900)
+        call.final("book a table for two", stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == ["book a table for two"]
+        assert words.asked == ["book a table for two"] and call.turn.text_holds == 0
+        assert trace.current is not None and trace.current.info["p_words"] == 0.6
+    asyncio.run(main())
+
+
+def test_words_that_read_unfinished_hold_a_turn_the_sound_called_finished() -> None:
+    async def main() -> None:
+        words = ScriptedWords({"I would like a table for": 0.01})
+        call = words_call(words)
+        await call.begin()
+        stop = call.say(900)
+        call.final("I would like a table for", stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == [] and call.turn.text_holds == 1
+        end = await _silence_until_end(call)
+        assert call.ends() == ["I would like a table for"]
+        assert 900 * MS <= end - stop.at < 960 * MS  # text_wait_ms, not max_wait_ms
+        assert words.asked == ["I would like a table for"]  # once, not at every frame
+        assert call.turn.text_holds == 1
+    asyncio.run(main())
+
+
+def test_the_caller_going_on_during_the_hold_joins_the_turn() -> None:
+    async def main() -> None:
+        words = ScriptedWords({"I would like": 0.0, "I would like a table for two": 0.7})
+        call = words_call(words)
+        await call.begin()
+        first = call.say(900)
+        call.final("I would like", first.started_at, first.at)
+        await call.settle()
+        call.audio(300)  # 600 ms of silence in all: the sound said finished, the words did not
+        await call.settle()
+        assert call.ends() == []
+        second = call.say(700)
+        call.final("a table for two", second.started_at, second.at)
+        await call.settle()
+        assert call.ends() == ["I would like a table for two"]
+        assert words.asked == ["I would like", "I would like a table for two"]
+    asyncio.run(main())
+
+
+def test_the_words_are_asked_at_the_speculative_text_beside_the_sound() -> None:
+    async def main() -> None:
+        words = ScriptedWords({"what time is it": 0.5})
+        call = words_call(words)
+        await call.begin()
+        at = call.speech_start()
+        call.audio(800)
+        end = call.pos
+        call.audio(40)
+        call.send(SpeechPaused(end, t_ns=call.tick()))
+        call.send(Transcript("what time is it", final=False, start=at, end=end, speculative=True))
+        call.audio(VAD_STOP_MS - 40)
+        call.send(SpeechStopped(end, started_at=at, t_ns=call.tick()))
+        await call.settle()
+        assert words.asked == ["what time is it"] and call.ends() == []  # no final yet
+        call.final("what time is it", at, end)
+        assert call.ends() == ["what time is it"]  # the answer was in: no second question
+        assert words.asked == ["what time is it"]
+    asyncio.run(main())
+
+
+def test_a_failing_words_model_leaves_the_sound_to_decide_and_says_so() -> None:
+    async def main() -> None:
+        words = ScriptedWords({}, fail=True)
+        call = words_call(words)
+        await call.begin()
+        stop = call.say(900)
+        call.final("hello there", stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == ["hello there"]
+        assert call.turn.text_failures == 1
+        assert len([f for f in call.out if isinstance(f, ErrorFrame)]) == 1
+        second = call.say(700)
+        call.final("and goodbye", second.started_at, second.at)
+        await call.settle()
+        assert call.ends() == ["hello there", "and goodbye"] and len(words.asked) == 1
+    asyncio.run(main())
+
+
+def test_the_words_check_is_on_by_default_and_can_be_turned_off() -> None:
+    async def main() -> None:
+        assert TurnConfig().text_check is True
+        words = ScriptedWords({})
+        call = words_call(words, text_check=False)
+        await call.begin()
+        stop = call.say(900)
+        call.final("I would like a table for", stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == ["I would like a table for"] and words.asked == []
+    asyncio.run(main())

