@@ -176,15 +176,12 @@ class TextTurnScorer:
                 self._cache.move_to_end(text)
                 self.model.stats.cached += 1
                 return p
-        p = await asyncio.get_running_loop().run_in_executor(self._worker, self._p_end, text)
+        p = await asyncio.get_running_loop().run_in_executor(self._worker, self.model.p_end, text)
         with self._lock:
             self._cache[text] = p
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return p
-
-    def _p_end(self, text: str) -> float:
-        return self.model.p_end(text)
 
     def close(self) -> None:
         with self._lock:
