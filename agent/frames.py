@@ -111,6 +111,15 @@ class Transcript(Frame):
     stable: int = 0
     speculative: bool = False
 
+    def stable_words(self) -> str:
+        """The words the ASR will not take back: the stable prefix up to its last whole word
+        (a word the prefix ends inside may still change), stripped."""
+        text = self.text
+        stable = text[: self.stable]
+        if len(stable) < len(text) and not text[len(stable)].isspace():
+            stable = stable[: stable.rfind(" ") + 1]
+        return stable.strip()
+
 
 @dataclass(slots=True, frozen=True)
 class UserTurnEnded(Frame):

@@ -135,11 +135,19 @@ async def pause_call(cfg: Config, models, pcm: np.ndarray, lo: int, hi: int) -> 
 def config_for(base: Config, name: str) -> Config:
     """``vad-MS`` (a fixed silence), ``semantic`` (the turn model alone), ``words`` (the turn
     model and the words model, ``turn.text_check``: the defaults) or ``words-MS`` (that, with
-    ``text_wait_ms``)."""
+    ``text_wait_ms``), ``words-unsure`` (no early end on sure words) or ``words-long`` (no
+    lower threshold for short turns; with words-unsure: the words' check of 2026-12-03)."""
     cfg = copy.deepcopy(base)
     if name == "semantic":
         cfg.turn.mode = "semantic"
         cfg.turn.text_check = False
+    elif name in ("words-unsure", "words-long"):
+        cfg.turn.mode = "semantic"
+        cfg.turn.text_check = True
+        if name == "words-unsure":
+            cfg.turn.text_sure = 2.0  # P never reaches it
+        else:
+            cfg.turn.text_short_words = 0
     elif name.startswith("words"):
         cfg.turn.mode = "semantic"
         cfg.turn.text_check = True

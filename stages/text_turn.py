@@ -42,8 +42,16 @@ _SLOT = "\x00voxline-words\x00"  # where the caller's words go in the rendered t
 class TextTurnStats:
     requests: int = 0
     cached: int = 0  # answered from the cache of recent texts
+    warmed: int = 0  # early words read ahead while the caller spoke
+    warm_skipped: int = 0  # not read ahead: the worker had a question to answer
     evaluated_tokens: int = 0
     reused_tokens: int = 0
+
+
+def words_key(text: str) -> str:
+    """What the words model judges of ``text``, as a key: trailing punctuation and case
+    aside (the ASR's final often differs from its early text only in those)."""
+    return text.strip().rstrip(TRAILING).casefold()
 
 
 class TextTurnModel:
@@ -57,7 +65,7 @@ class TextTurnModel:
                             package="llama-cpp-python")
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        from stages.llm.local import smollm2_path
+        from stages.llm.local import smollm2_path, token_text, tokenize
 
         if path:
             model_path = Path(path)
@@ -78,7 +86,8 @@ class TextTurnModel:
             raise ConfigError(f"{model_path} has no chat template: the words' end-of-turn model "
                               "needs an instruct (chat) model")
         eos = self._llama.token_eos()
-        special = {"eos_token": self._text(eos), "bos_token": self._text(self._llama.token_bos())}
+        special = {"eos_token": token_text(self._llama, eos),
+                   "bos_token": token_text(self._llama, self._llama.token_bos())}
         rendered = Jinja2ChatFormatter(template, add_generation_prompt=False, **special)(
             messages=[{"role": "user", "content": _SLOT}]).prompt
         if _SLOT not in rendered:
@@ -87,25 +96,16 @@ class TextTurnModel:
         after = rendered[rendered.index(_SLOT) + len(_SLOT):]
         # What the template writes right after a user's message: its first token is "the
         # message ends" (SmolLM2: <|im_end|>); the model's EOS counts too.
-        closing = self._tokens(after)
+        closing = tokenize(self._llama, after)
         enders = {eos} | ({int(closing[0])} if len(closing) else set())
         for mark in CLOSERS:
-            ids = self._tokens(mark)
+            ids = tokenize(self._llama, mark)
             if len(ids) == 1:
                 enders.add(int(ids[0]))
         self._enders = np.array(sorted(t for t in enders if t >= 0), dtype=np.intp)
         self._n_vocab = self._llama.n_vocab()
-        self._head_ids = self._tokens(self._head)
+        self._head_ids = tokenize(self._llama, self._head)
         self.stats = TextTurnStats()
-
-    def _text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self._llama.detokenize([token], special=True).decode("utf-8", errors="ignore")
-
-    def _tokens(self, text: str) -> np.ndarray:
-        ids = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        return np.asarray(ids, dtype=np.intc)
 
     def prompt(self, text: str) -> np.ndarray | None:
         """The tokens judged for ``text``: the template's head and the words, trailing
@@ -160,6 +160,7 @@ class TextTurnScorer:
         self._cache_size = cache
         self._lock = threading.Lock()
         self._closed = False
+        self._pending = 0  # questions and read-aheads submitted and not yet done
         atexit.register(self.close)  # not inside llama.cpp when the interpreter exits
 
     @property
@@ -171,17 +172,55 @@ class TextTurnScorer:
             if self._closed:
                 raise RuntimeError("the text turn scorer is closed")
             self.model.stats.requests += 1
-            p = self._cache.get(text)
+            key = words_key(text)
+            p = self._cache.get(key)
             if p is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 self.model.stats.cached += 1
                 return p
-        p = await asyncio.get_running_loop().run_in_executor(self._worker, self.model.p_end, text)
+            self._pending += 1
+        try:
+            p = await asyncio.get_running_loop().run_in_executor(self._worker, self.model.p_end,
+                                                                 text)
+        finally:
+            with self._lock:
+                self._pending -= 1
+        self._remember(key, p)
+        return p
+
+    def warm(self, text: str) -> None:
+        """Read the caller's early words ahead, while they still speak, so the question at the
+        pause evaluates only the words after them (llama.cpp keeps them in its cache). Never
+        waits: skipped while the worker has anything to do, so a question waits for one
+        read-ahead at most (a few new tokens: ~10-30 ms)."""
+        key = words_key(text)
         with self._lock:
-            self._cache[text] = p
+            if self._closed or not key or key in self._cache:
+                return
+            if self._pending:
+                self.model.stats.warm_skipped += 1
+                return
+            self._pending += 1
+            self.model.stats.warmed += 1
+        try:
+            future = self._worker.submit(self.model.p_end, text)
+        except RuntimeError:  # shut down meanwhile
+            with self._lock:
+                self._pending -= 1
+            return
+        future.add_done_callback(lambda f: self._warmed(key, f))
+
+    def _warmed(self, key: str, future) -> None:  # noqa: ANN001 (a concurrent Future)
+        with self._lock:
+            self._pending -= 1
+        if not future.cancelled() and future.exception() is None:
+            self._remember(key, future.result())
+
+    def _remember(self, key: str, p: float) -> None:
+        with self._lock:
+            self._cache[key] = p
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        return p
 
     def close(self) -> None:
         with self._lock:
@@ -200,4 +239,4 @@ def load_text_turn_scorer(cfg: TurnConfig) -> TextTurnScorer:
     return TextTurnScorer(model)
 
 
-__all__ = ["TextTurnModel", "TextTurnScorer", "load_text_turn_scorer"]
+__all__ = ["TextTurnModel", "TextTurnScorer", "load_text_turn_scorer", "words_key"]

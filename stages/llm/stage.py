@@ -391,11 +391,7 @@ class LLMStage(QueuedStage):
             return
         if self._prefilling is not None and not self._prefilling.done():
             return
-        text = frame.text
-        stable = text[: frame.stable]
-        if len(stable) < len(text) and not text[len(stable)].isspace():
-            stable = stable[: stable.rfind(" ") + 1]  # the last word may still change
-        stable = " ".join([*self._said, stable.strip()]).strip()
+        stable = " ".join([*self._said, frame.stable_words()]).strip()
         if not stable or stable == self._prefilled:
             return
         self._prefilled = stable

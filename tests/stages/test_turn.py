@@ -857,7 +857,11 @@ class ScriptedWords:
     def __init__(self, answers: dict[str, float], fail: bool = False) -> None:
         self.answers = answers
         self.asked: list[str] = []
+        self.warmed: list[str] = []
         self.fail = fail
+
+    def warm(self, text: str) -> None:
+        self.warmed.append(text)
 
     async def predict(self, text: str) -> float:
         self.asked.append(text)
@@ -870,7 +874,8 @@ class ScriptedWords:
 def words_call(words: ScriptedWords, verdict: float = 0.95, trace: Trace | None = None,
                **cfg: object) -> SemanticCall:
     opts: dict = {"pause_ms": VAD_STOP_MS, "text_check": True, "text_threshold": 0.1,
-                  "text_wait_ms": 900, "max_wait_ms": 1500, "rescore_ms": 0, **cfg}
+                  "text_wait_ms": 900, "text_sure": 0.5,
+                  "text_sure_wait_ms": 500, "max_wait_ms": 1500, "rescore_ms": 0, **cfg}
     turn_cfg = TurnConfig(**opts)
     call = SemanticCall(ScriptedScorer(verdict), turn_cfg, trace=trace)
     call.turn = TurnDetector(turn_cfg, vad_stop_ms=VAD_STOP_MS, scorer=call.turn.scorer,
@@ -915,9 +920,77 @@ def test_words_that_read_unfinished_hold_a_turn_the_sound_called_finished() -> N
         assert call.ends() == [] and call.turn.text_holds == 1
         end = await _silence_until_end(call)
         assert call.ends() == ["I would like a table for"]
-        assert 900 * MS <= end - stop.at < 960 * MS  # text_wait_ms, not max_wait_ms
+        # text_wait_ms, not max_wait_ms
+        assert 900 * MS <= end - stop.at < 960 * MS
         assert words.asked == ["I would like a table for"]  # once, not at every frame
         assert call.turn.text_holds == 1
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("text", "p", "held"), [
+    ("ten of clubs", 0.02, False),  # a short answer: the short threshold (0.01)
+    ("my name is", 0.002, True),  # a short cut
+    ("ten of clubs", 0.011, False),  # three words
+    ("ten of clubs please", 0.02, True),  # four: the threshold (0.1)
+    ("Ten, of-clubs!", 0.02, False),  # words, not marks, are counted
+])
+def test_a_short_turn_needs_less_of_the_words(text: str, p: float, held: bool) -> None:
+    async def main() -> None:
+        words = ScriptedWords({text: p})
+        call = words_call(words)
+        await call.begin()
+        stop = call.say(900)
+        call.final(text, stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == ([] if held else [text])
+        assert call.turn.text_holds == held
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("p", "wait_ms"), [(0.8, 500), (0.5, 500), (0.3, 1500)])
+def test_words_that_are_sure_end_a_turn_the_sound_heard_as_unfinished(p: float, wait_ms: int
+                                                                     ) -> None:
+    async def main() -> None:
+        text = "he might even have been made amiable himself"
+        words = ScriptedWords({text: p})
+        call = words_call(words, verdict=0.2)  # Smart Turn: mid-thought
+        await call.begin()
+        stop = call.say(900)
+        call.final(text, stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == []
+        end = await _silence_until_end(call)
+        assert call.ends() == [text]
+        # text_sure (0.5) or more: text_sure_wait_ms; less: max_wait_ms
+        assert wait_ms * MS <= end - stop.at < (wait_ms + 60) * MS
+        assert call.turn.text_sure_ends == (wait_ms == 500) and call.turn.text_holds == 0
+    asyncio.run(main())
+
+
+def test_a_failing_words_model_is_never_sure() -> None:
+    async def main() -> None:
+        words = ScriptedWords({}, fail=True)
+        call = words_call(words, verdict=0.2)
+        await call.begin()
+        stop = call.say(900)
+        call.final("he was not an ill disposed young man", stop.started_at, stop.at)
+        await call.settle()
+        end = await _silence_until_end(call)
+        assert call.ends() == ["he was not an ill disposed young man"]
+        assert 1500 * MS <= end - stop.at < 1560 * MS and call.turn.text_sure_ends == 0
+    asyncio.run(main())
+
+
+def test_a_final_differing_only_in_case_and_full_stop_is_not_asked_again() -> None:
+    async def main() -> None:
+        words = ScriptedWords({"and what time is it": 0.5})
+        call = words_call(words)
+        await call.begin()
+        at, end = _speculative_pause(call, "and what time is it")
+        await call.settle()
+        call.final("And what time is it.", at, end)
+        assert call.ends() == ["And what time is it."]
+        assert words.asked == ["and what time is it"]
     asyncio.run(main())
 
 
@@ -940,19 +1013,26 @@ def test_the_caller_going_on_during_the_hold_joins_the_turn() -> None:
     asyncio.run(main())
 
 
+def _speculative_pause(call: SemanticCall, text: str) -> tuple[int, int]:
+    """800 ms of speech, its speculative transcript at the VAD's pause, then its stop; the
+    speech's (start, end)."""
+    at = call.speech_start()
+    call.audio(800)
+    end = call.pos
+    call.audio(40)
+    call.send(SpeechPaused(end, t_ns=call.tick()))
+    call.send(Transcript(text, final=False, start=at, end=end, speculative=True))
+    call.audio(VAD_STOP_MS - 40)
+    call.send(SpeechStopped(end, started_at=at, t_ns=call.tick()))
+    return at, end
+
+
 def test_the_words_are_asked_at_the_speculative_text_beside_the_sound() -> None:
     async def main() -> None:
         words = ScriptedWords({"what time is it": 0.5})
         call = words_call(words)
         await call.begin()
-        at = call.speech_start()
-        call.audio(800)
-        end = call.pos
-        call.audio(40)
-        call.send(SpeechPaused(end, t_ns=call.tick()))
-        call.send(Transcript("what time is it", final=False, start=at, end=end, speculative=True))
-        call.audio(VAD_STOP_MS - 40)
-        call.send(SpeechStopped(end, started_at=at, t_ns=call.tick()))
+        at, end = _speculative_pause(call, "what time is it")
         await call.settle()
         assert words.asked == ["what time is it"] and call.ends() == []  # no final yet
         call.final("what time is it", at, end)
@@ -989,4 +1069,33 @@ def test_the_words_check_is_on_by_default_and_can_be_turned_off() -> None:
         call.final("I would like a table for", stop.started_at, stop.at)
         await call.settle()
         assert call.ends() == ["I would like a table for"] and words.asked == []
+    asyncio.run(main())
+
+
+def test_the_words_model_reads_the_stable_words_ahead_while_the_caller_speaks() -> None:
+    async def main() -> None:
+        words = ScriptedWords({"I would like a table": 0.6})
+        call = words_call(words)
+        await call.begin()
+        at = call.speech_start()
+        call.audio(600)
+        text = "I would like a ta"
+        call.send(Transcript(text, final=False, start=at, end=call.pos, stable=14))
+        call.send(Transcript(text, final=False, start=at, end=call.pos, stable=10))
+        end = call.pos
+        call.audio(40)
+        call.send(SpeechPaused(end, t_ns=call.tick()))
+        # paused: the speculative text is a question, not a read-ahead
+        call.send(Transcript("I would like a table", final=False, start=at, end=end,
+                             speculative=True))
+        await call.settle()
+        # the stable prefix up to its last whole word ("I would" of "I would li")
+        assert words.warmed == ["I would like a", "I would"]
+        off = ScriptedWords({})
+        quiet = words_call(off, text_check=False)
+        await quiet.begin()
+        at = quiet.speech_start()
+        quiet.audio(600)
+        quiet.send(Transcript(text, final=False, start=at, end=quiet.pos, stable=14))
+        assert off.warmed == []
     asyncio.run(main())
