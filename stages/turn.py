@@ -114,6 +114,23 @@ class Segment:
     covered: bool = False  # its final transcript has arrived
 
 
+@dataclass(frozen=True, slots=True)
+class WordsAnswer:
+    """The words model's answer on one text: P(the message ends) for its ``key``
+    (``words_key``), when it came, whether the text is short (``text_short_words``), and
+    whether the model judged it at all."""
+
+    key: str
+    p: float
+    at_ns: int = 0
+    short: bool = False
+    judged: bool = True
+
+
+# No words model, a failed one, an empty turn: the words have no say, and never hold a turn.
+NO_SAY = WordsAnswer("", 1.0, judged=False)
+
+
 @dataclass(slots=True)
 class Tentative:
     """A barge-in not yet confirmed: the agent paused for ``segment``; words confirm it."""
@@ -142,12 +159,11 @@ class TurnDetector(Stage):
       ``text_wait_ms`` of silence. A turn of at most ``text_short_words`` words needs only
       ``text_short_threshold``: the LM, reading a message with no context, finds short
       answers ("ten of clubs", "six") barely finished, and short cuts ("my name is", "why
-      should one") a hundred times less so. When the sound
-      says unfinished and the words score ``text_sure`` or more, the turn ends after
-      ``text_sure_wait_ms`` of silence rather than ``max_wait_ms`` (read speech whose
-      sentence is plainly whole). The words' answer is kept per text as the model reads it
-      (trailing punctuation and case aside), so a final that only adds a full stop or a
-      capital is not asked about again.
+      should one") a hundred times less so. When the sound says unfinished and the words
+      score ``text_sure`` or more, the turn ends after ``text_sure_wait_ms`` of silence
+      rather than ``max_wait_ms`` (read speech whose sentence is plainly whole). The words'
+      answer is kept per text as the model reads it (trailing punctuation and case aside),
+      so a final that only adds a full stop or a capital is not asked about again.
     * ``vad`` (or no model): ``silence_ms`` of silence ends the turn.
 
     Speech that resumes earlier joins the same turn, whose text is its finals joined in order.
@@ -231,9 +247,8 @@ class TurnDetector(Stage):
         self._model_ns = (0, 0)  # when the latest verdict was asked for and came back
         self._clock_ns = 0  # arrival time of the latest frame (or verdict) that moved a decision
         self._decided_ns = 0  # when the silence or the model ended the turn (its text may lag)
-        # The words model's latest answer (words_key of the text, P, when it came) and the key
-        # of the text it is asked about
-        self._words: tuple[str, float, int] | None = None
+        # The words model's latest answer and the key of the text it is asked about
+        self._words: WordsAnswer | None = None
         self._words_asking = ""
         self._held = False  # the current pause: sound said finished, the words did not
 
@@ -505,14 +520,14 @@ class TurnDetector(Stage):
         if verdict is not None and verdict >= self.cfg.complete_threshold:
             if words is None:
                 return False  # the words model's answer (or the text to ask about) is coming
-            if words >= self._words_threshold(text) or silence >= self._text_wait:
+            if words.p >= self._words_threshold(words) or silence >= self._text_wait:
                 return True
             if not self._held:
                 self._held = True
                 self.text_holds += 1
             return False
-        if (silence >= self._sure_wait and words is not None and words >= self.cfg.text_sure
-                and self._words_heard(text)):
+        if (silence >= self._sure_wait and words is not None and words.judged
+                and words.p >= self.cfg.text_sure):
             self.text_sure_ends += 1
             return True
         if self.model_failures and verdict is None:
@@ -524,31 +539,25 @@ class TurnDetector(Stage):
             self._ask()
         return False
 
-    def _words_threshold(self, text: str | None) -> float:
+    def _words_threshold(self, words: WordsAnswer) -> float:
         """The words' P(the message ends) that lets a turn the sound called finished end."""
-        if len(_TOKEN.findall((text or "").casefold())) <= self.cfg.text_short_words:
+        if words.short:
             return min(self.cfg.text_threshold, self.cfg.text_short_threshold)
         return self.cfg.text_threshold
 
-    def _words_heard(self, text: str | None) -> bool:
-        """Whether the words model has really judged ``text`` (not stood aside)."""
-        words = self._words
-        return (self.text_scorer is not None and not self.text_failures and bool(text)
-                and words is not None and words[0] == words_key(text or ""))
-
-    def _words_say(self, text: str | None) -> float | None:
-        """The words model's P(the message ends) for ``text``: 1.0 where it has no say (no words
-        model, it failed, an empty turn), None while it is asked (asking it if need be)."""
+    def _words_say(self, text: str | None) -> WordsAnswer | None:
+        """The words model's answer on ``text``: ``NO_SAY`` where it has none (no words model,
+        it failed, an empty turn), None while it is asked (asking it if need be)."""
         if self.text_scorer is None or self.text_failures or text == "":
-            return 1.0
+            return NO_SAY
         if text is None:
             return None
         key = words_key(text)
         if not key:
-            return 1.0  # punctuation alone: nothing for the words to judge
+            return NO_SAY  # punctuation alone: nothing for the words to judge
         words = self._words
-        if words is not None and words[0] == key:
-            return words[1]
+        if words is not None and words.key == key:
+            return words
         if self._words_asking != key:
             self._words_asking = key
             self.text_calls += 1
@@ -566,7 +575,8 @@ class TurnDetector(Stage):
                 self.push_error(f"end-of-turn words model failed ({exc}); judging turns by "
                                 "sound alone")
         else:
-            self._words = (key, float(p), time.monotonic_ns())
+            short = len(_TOKEN.findall(key)) <= self.cfg.text_short_words
+            self._words = WordsAnswer(key, float(p), time.monotonic_ns(), short)
         if self._words_asking == key:
             self._words_asking = ""
         if self._ending:
@@ -611,10 +621,12 @@ class TurnDetector(Stage):
         text = " ".join(self._parts)
         self._parts.clear()
         verdict, (asked_ns, scored_ns) = self._verdict, self._model_ns
-        words = self._words if self._words is not None and self._words[0] == words_key(text) else None
-        if words is not None and scored_ns:
-            scored_ns = max(scored_ns, min(words[2], self._decided_ns or words[2]))
+        words = self._words if self._words is not None and self._words.key == words_key(text) else None
         decided_ns = self._decided_ns
+        if words is not None and scored_ns:
+            # the decision waited for both models: the later answer, unless the words' came
+            # only after the decision (max_wait_ms or text_wait_ms ended the turn first)
+            scored_ns = max(scored_ns, min(words.at_ns, decided_ns) if decided_ns else words.at_ns)
         self._candidate = ""
         self._verdict = None
         self._asked_at = -1
@@ -637,5 +649,5 @@ class TurnDetector(Stage):
             if verdict is not None:
                 trace.info(p_complete=round(verdict, 3))
             if words is not None:
-                trace.info(p_words=round(words[1], 3))
+                trace.info(p_words=round(words.p, 3))
         self.push(UserTurnEnded(text), DOWN)
