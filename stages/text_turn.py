@@ -34,7 +34,12 @@ log = logging.getLogger("voxline.text_turn")
 # Marks that close a sentence: their probability after the words counts as "the message ends".
 CLOSERS = (".", "?", "!")
 TRAILING = " \t\n.?!,;:…-–—\"'"  # stripped from the end of a transcript before it is judged
-MAX_WORDS_TOKENS = 160  # a long turn is judged on its last this many tokens
+# A long turn is judged on its latest words: at most MAX_WORDS_TOKENS of them, in a window whose
+# start moves WINDOW_STEP tokens at a time, so that while a long turn grows successive
+# questions share the window's tokens and llama.cpp evaluates only the new ones (a window
+# sliding by every new token would share nothing: ~160 tokens to evaluate at each question).
+MAX_WORDS_TOKENS = 160
+WINDOW_STEP = 48
 _SLOT = "\x00voxline-words\x00"  # where the caller's words go in the rendered template
 
 
@@ -119,8 +124,10 @@ class TextTurnModel:
                                    special=False)
         ids = np.asarray(ids, dtype=np.intc)
         n_head = len(self._head_ids)
-        if len(ids) - n_head > MAX_WORDS_TOKENS:
-            ids = np.concatenate((ids[:n_head], ids[len(ids) - MAX_WORDS_TOKENS:]))
+        over = len(ids) - n_head - MAX_WORDS_TOKENS
+        if over > 0:
+            skip = -(-over // WINDOW_STEP) * WINDOW_STEP  # rounded up to whole steps
+            ids = np.concatenate((ids[:n_head], ids[n_head + skip:]))
         return ids
 
     def p_end(self, text: str) -> float:

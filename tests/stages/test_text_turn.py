@@ -13,7 +13,7 @@ import pytest
 
 from agent.config import TurnConfig
 from agent.errors import ModelNotFoundError
-from stages.text_turn import TextTurnModel, TextTurnScorer, load_text_turn_scorer
+from stages.text_turn import MAX_WORDS_TOKENS, TextTurnModel, TextTurnScorer, load_text_turn_scorer
 
 pytest.importorskip("llama_cpp")
 
@@ -81,6 +81,27 @@ def test_a_long_turn_is_judged_on_its_latest_words(model: TextTurnModel) -> None
     long = " ".join(c["said"] + " " + c["rest"] for c in CUTS) * 3  # far past the context
     assert 0.0 <= model.p_end(long) <= 1.0
     assert model.p_end(long + " and then I") < CUT_MAX
+
+
+def test_a_long_turn_that_grows_evaluates_little_more_than_its_new_words(
+        model: TextTurnModel) -> None:
+    words = " ".join(c["said"] + " " + c["rest"] for c in CUTS).split() * 2
+    text = " ".join(words[:150])
+    n_head = len(model.prompt("x")) - 1
+    assert len(model.prompt(text)) - n_head <= MAX_WORDS_TOKENS  # judged on a window of it
+    model.p_end(text)
+    before = model.stats.evaluated_tokens
+    grown = 30
+    for word in words[150:150 + grown]:
+        text += " " + word
+        model.p_end(text)
+    evaluated = model.stats.evaluated_tokens - before
+    # ~1.3 tokens a word, and the window moves at most once in 30 words (one whole window
+    # evaluated again); a window sliding by every token would evaluate ~30 x 160
+    assert evaluated <= grown * 3 + MAX_WORDS_TOKENS, evaluated
+    warm = model.p_end(text + " and")
+    model._llama.n_tokens = 0
+    assert warm == pytest.approx(model.p_end(text + " and"), abs=1e-4)  # as a cold start
 
 
 def test_the_scorer_answers_off_the_loop_and_remembers_recent_texts(model: TextTurnModel) -> None:
