@@ -80,6 +80,10 @@ class TurnConfig:
     model: str = ""  # Smart Turn ONNX file; empty: the one the pipecat-ai wheel ships
     threads: int = 1  # onnxruntime intra-op threads for the turn model
     max_batch: int = 1  # pauses of different calls scored in one model call (CPU: cost is linear)
+    # the turn and words models' threads run this much nicer than the rest (Linux; 0: the
+    # same), so that on busy cores the reply's LLM and TTS, which the median turn waits for,
+    # go first
+    model_nice: int = 10
     # semantic: the words must read finished too — an instruct LM's P(the message ends after
     # the transcript) at or above text_threshold — before a turn ends at once; when the sound
     # says finished and the words do not, the turn waits for text_wait_ms of silence. A turn

@@ -13,6 +13,8 @@ import ctypes.util
 import gc
 import logging
 import os
+import sys
+import threading
 import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -133,6 +135,22 @@ SLOW_COLLECT_MS = 20.0  # a full collection that takes this much CPU is logged a
 
 
 _KEPT: set[asyncio.Task[None]] = set()
+
+
+def lower_thread_priority(by: int) -> bool:
+    """Make the calling thread ``by`` steps nicer than it is (Linux keeps a niceness per
+    thread; threads it starts inherit it), so that on busy cores the threads left as they were
+    go first. True when it took; False where threads have no niceness of their own (not
+    Linux), for ``by`` <= 0, or when the system refused."""
+    if by <= 0 or not sys.platform.startswith("linux"):
+        return False
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+    except OSError as exc:
+        log.warning("could not lower thread %s's priority: %s", threading.current_thread().name, exc)
+        return False
+    return True
 
 
 def freeze_after_warmup(cfg: RuntimeConfig | None = None) -> int:

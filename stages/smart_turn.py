@@ -21,6 +21,7 @@ import numpy as np
 from agent.audio import FROM_INT16
 from agent.config import TurnConfig
 from agent.errors import ModelNotFoundError, require
+from agent.runtime import lower_thread_priority
 
 log = logging.getLogger("voxline.smart_turn")
 
@@ -162,9 +163,10 @@ class TurnScorer:
 
     def __init__(
         self, model: SmartTurnModel | None = None, window_ms: float = 5.0, max_batch: int = 16,
-        warmed: bool = False,
+        warmed: bool = False, nice: int = 0,
     ) -> None:
         self.model = model if model is not None else SmartTurnModel()
+        self.nice = nice  # the worker thread runs this much nicer (lower_thread_priority)
         self._warmed = warmed  # else the worker warms the model up first
         self.window_ns = int(window_ms * 1e6)
         self.max_batch = max(1, max_batch)
@@ -232,6 +234,7 @@ class TurnScorer:
                     return batch  # (all cancelled: wait again; a close is seen at the top)
 
     def _work(self) -> None:
+        lower_thread_priority(self.nice)
         try:
             if not self._warmed:
                 self.model.warmup()
@@ -281,4 +284,4 @@ def load_turn_scorer(cfg: TurnConfig) -> TurnScorer:
     # Warmed here, not on the worker: a process that exits while a thread is inside
     # onnxruntime aborts ("terminate called without an active exception").
     model.warmup()
-    return TurnScorer(model, max_batch=cfg.max_batch, warmed=True)
+    return TurnScorer(model, max_batch=cfg.max_batch, warmed=True, nice=cfg.model_nice)

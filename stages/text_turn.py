@@ -28,6 +28,7 @@ import numpy as np
 
 from agent.config import TurnConfig
 from agent.errors import ConfigError, ModelNotFoundError, require
+from agent.runtime import lower_thread_priority
 
 log = logging.getLogger("voxline.text_turn")
 
@@ -160,9 +161,11 @@ class TextTurnScorer:
     ends after ``text``), computed on one worker thread; the latest few texts' answers are kept
     (a turn's text is asked about again at every pause until it changes)."""
 
-    def __init__(self, model: TextTurnModel, cache: int = 256) -> None:
+    def __init__(self, model: TextTurnModel, cache: int = 256, nice: int = 0) -> None:
         self.model = model
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text-turn")
+        # the worker thread runs ``nice`` steps nicer than the rest (lower_thread_priority)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text-turn",
+                                          initializer=lower_thread_priority, initargs=(nice,))
         self._cache: OrderedDict[str, float] = OrderedDict()
         self._cache_size = cache
         self._lock = threading.Lock()
@@ -243,7 +246,7 @@ def load_text_turn_scorer(cfg: TurnConfig) -> TextTurnScorer:
     models load)."""
     model = TextTurnModel(cfg.text_model or None, threads=cfg.threads)
     model.p_end("Hello there")  # llama.cpp's first evaluation pays its set-up
-    return TextTurnScorer(model)
+    return TextTurnScorer(model, nice=cfg.model_nice)
 
 
 __all__ = ["TextTurnModel", "TextTurnScorer", "load_text_turn_scorer", "words_key"]

@@ -7,6 +7,8 @@ import asyncio
 import importlib.machinery
 import importlib.util
 import json
+import os
+import sys
 import threading
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from speech import STEP_IDS, STEPS, perturb
 
 from agent.audio import int16_to_float, read_audio
 from agent.errors import ModelNotFoundError
+from agent.frames import SAMPLE_RATE
 from stages import smart_turn
 from stages.smart_turn import FRAMES, MEL_BINS, WINDOW_SAMPLES, SmartTurnModel, TurnScorer
 
@@ -195,6 +198,23 @@ def test_scorer_batches_concurrent_calls_and_returns_the_same_scores(model, monk
     assert stats.requests == len(inputs)
     assert stats.batches < stats.requests and stats.largest_batch >= 2
     assert threading.get_ident() not in threads  # never on the event loop's thread
+
+
+def test_the_scorer_thread_runs_nicer_than_the_callers(model):
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if not sys.platform.startswith("linux") or base > 16:
+        pytest.skip("needs Linux's niceness per thread, and room below 19")
+
+    async def main():
+        scorer = TurnScorer(model, nice=3)
+        try:
+            await scorer.predict(np.zeros(SAMPLE_RATE, dtype=np.int16))  # the worker is up
+            return os.getpriority(os.PRIO_PROCESS, scorer._thread.native_id)
+        finally:
+            scorer.close()
+
+    assert asyncio.run(main()) == base + 3
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
 
 
 def test_a_cancelled_call_leaves_the_batch_to_the_others(model):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +122,17 @@ def test_the_scorer_answers_off_the_loop_and_remembers_recent_texts(model: TextT
     done, cut, again, plain = asyncio.run(main())
     assert done > WHOLE_MIN > CUT_MAX > cut and again == done == plain
     assert model.stats.cached == before + 2
+
+
+def test_the_scorer_worker_runs_nicer_than_the_callers(model: TextTurnModel) -> None:
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if not sys.platform.startswith("linux") or base > 16:
+        pytest.skip("needs Linux's niceness per thread, and room below 19")
+    scorer = TextTurnScorer(model, nice=3)
+    worker = scorer._worker.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert worker.result() == base + 3
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    scorer._worker.shutdown()  # (not close(): the model is the module's)
 
 
 def test_a_closed_scorer_refuses_questions() -> None:
