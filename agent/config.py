@@ -81,9 +81,9 @@ class TurnConfig:
     threads: int = 1  # onnxruntime intra-op threads for the turn model
     max_batch: int = 1  # pauses of different calls scored in one model call (CPU: cost is linear)
     # the turn and words models' threads run this much nicer than the rest (Linux; 0: the
-    # same), so that on busy cores the reply's LLM and TTS, which the median turn waits for,
-    # go first
-    model_nice: int = 10
+    # same), so that on busy cores the reply's LLM and TTS go first; off: over the whole
+    # speech set it moved time from the reply to the decision and left the median where it was
+    model_nice: int = 0
     # semantic: the words must read finished too — an instruct LM's P(the message ends after
     # the transcript) at or above text_threshold — before a turn ends at once; when the sound
     # says finished and the words do not, the turn waits for text_wait_ms of silence. A turn
