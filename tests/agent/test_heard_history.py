@@ -71,8 +71,11 @@ async def barge_in(call: Call, after_chars: int) -> str:
     cuts in; returns what the history holds of the reply."""
     call.session.push(UserTurnEnded("Is there a table for four tonight?"))
     if after_chars:
-        await call.until(lambda: call.queued_text(after_chars + 40) or call.stage.busy is False
-                         and call.queued_text(after_chars))
+        # Each text the cut may fall in has all its audio queued, so the playout knows its
+        # length (a later text began, or the LLM and the TTS are done); a text whose audio is
+        # still coming is measured by the voice's usual pace instead, which CharTTS's is not.
+        await call.until(lambda: call.queued_text(after_chars + 40) or (
+            not call.stage.busy and not call.tts.busy and call.queued_text(after_chars)))
         call.pull(after_chars * SPC + SPC // 2)  # half-way into the next character
     else:
         await call.until(lambda: call.stage.tokens_generated > 0)
