@@ -127,6 +127,11 @@ class LLMConfig:
     timeout_s: float = 30.0
     idle_timeout_s: float = 10.0
     reply_timeout_s: float = 60.0
+    # openai: warm the server's prompt cache ahead of the reply — a one-token request of the
+    # prompt so far, while the caller speaks (their stable words) and at the pause — for a
+    # server that reuses a prompt's cached prefix (llama.cpp's, vLLM with prefix caching).
+    # Each costs the server a request; a hosted API bills it: off unless asked for.
+    server_prefill: bool = False
     threads: int = 1  # generation threads (one leaves a core to the TTS and ASR)
     # prompt-evaluation threads. One: with preemption the reply's prompt is evaluated while
     # the turn model and the ASR run, and two llama.cpp threads on 2 busy cores wait on each

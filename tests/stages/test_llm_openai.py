@@ -7,11 +7,13 @@ import asyncio
 import contextlib
 import http.server
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from llama_server import free_port, llama_server
@@ -406,3 +408,106 @@ def test_replies_cancelled_while_connecting_leave_no_connection_behind() -> None
     finally:
         srv.terminate()
         srv.wait(timeout=10)
+
+
+# --- server_prefill ----------------------------------------------------------------------------
+
+TURN = "I would like to book a table for four people tonight at seven please"
+SYSTEM = {"role": "system", "content": "You are a friendly voice assistant on a phone call."}
+
+
+def prefilling(base_url: str, api_key: str = "") -> OpenAILLM:
+    return OpenAILLM(LLMConfig(backend="openai", base_url=base_url, api_key=api_key,
+                               max_tokens=4, temperature=0.0, server_prefill=True))
+
+
+def evaluated(log: Path) -> int:
+    """The prompt tokens llama_cpp.server evaluated for its latest request (its verbose log:
+    'Llama.generate: N prefix-match hit, remaining M prompt tokens to eval')."""
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if "prefix-match hit" in ln]
+    assert lines, "the server logged no prefix match"
+    return int(re.search(r"remaining (\d+) prompt tokens", lines[-1]).group(1))
+
+
+def test_a_prefill_of_the_words_so_far_leaves_the_reply_only_the_rest(tmp_path: Path) -> None:
+    """A real llama_cpp.server: the reply's request after a prefill of the turn's first nine
+    words evaluates only what follows them, against the whole turn without one."""
+    with llama_server(tmp_path) as base:
+        asyncio.run(_a_prefill_leaves_the_rest(base, tmp_path / "server.log"))
+
+
+async def _a_prefill_leaves_the_rest(base: str, log: Path) -> None:
+    llm = prefilling(base)
+    assert llm.capabilities.prefill and llm.capabilities.partial_prefill
+    hello = [SYSTEM, {"role": "user", "content": "Hi"}]
+    whole = [SYSTEM, {"role": "user", "content": TURN}]
+    so_far = [SYSTEM, {"role": "user", "content": " ".join(TURN.split()[:9])}]
+    try:
+        assert [t async for t in llm.stream(hello)]  # the cache now ends after "Hi"
+        assert [t async for t in llm.stream(whole)]
+        cold = evaluated(log)
+        assert [t async for t in llm.stream(hello)]
+        await llm.prefill(so_far, open_turn=True)
+        assert llm.prefills == 1
+        reply = [t async for t in llm.stream(whole)]
+        warm = evaluated(log)
+    finally:
+        await llm.aclose()
+    assert reply
+    # measured: 20 tokens cold, 11 after the prefill (the other five words and the turn's
+    # close); without one both would be the same
+    assert warm <= cold - 6, (cold, warm)
+
+
+def test_prefill_is_off_by_default_and_then_sends_nothing() -> None:
+    with scripted(200, [b"data: " + chunk("Hi") + b"\n\n", b"data: [DONE]\n\n"]) as (url, h):
+        llm = client(url)
+        assert not llm.capabilities.prefill and not llm.capabilities.partial_prefill
+
+        async def go() -> None:
+            await llm.prefill(HELLO)
+            await llm.aclose()
+
+        asyncio.run(go())
+        assert h.requests == [] and llm.prefills == 0
+
+
+def test_a_prefill_asks_for_one_token_and_never_while_a_reply_streams() -> None:
+    pieces: list[bytes | float] = [b"data: " + chunk("Sure,") + b"\n\n", 0.4,
+                                   b"data: [DONE]\n\n"]
+    with scripted(200, pieces) as (url, h):
+        asyncio.run(_one_token_and_never_while_a_reply_streams(url, h))
+
+
+async def _one_token_and_never_while_a_reply_streams(url: str, h: type[Scripted]) -> None:
+    llm = prefilling(url, api_key=KEY)
+    tools = [{"type": "function", "function": {"name": "book", "parameters": {}}}]
+    try:
+        await llm.prefill(HELLO, tools)
+        assert len(h.requests) == 1
+        body = h.requests[0]["body"]
+        assert body["messages"] == HELLO and body["tools"] == tools
+        assert body["max_tokens"] == 1 and body["stream"] is False
+        assert h.requests[0]["auth"] == f"Bearer {KEY}"
+        stream = llm.stream(HELLO)
+        assert await anext(stream) == "Sure,"  # the reply is streaming: its server is busy
+        skipped = llm.prefill(HELLO)
+        assert skipped.done()
+        assert [t async for t in stream] == []
+        await asyncio.sleep(0.05)
+        assert len(h.requests) == 2 and llm.prefills == 1
+    finally:
+        await llm.aclose()
+
+
+def test_a_prefill_to_a_dead_server_fails_quietly_and_the_reply_says_why() -> None:
+    async def go() -> None:
+        llm = prefilling(f"http://127.0.0.1:{free_port()}/v1")
+        try:
+            await llm.prefill(HELLO)  # no exception: a prefill is best effort
+            with pytest.raises(LLMConnectionError, match="cannot connect"):
+                [t async for t in llm.stream(HELLO)]
+        finally:
+            await llm.aclose()
+
+    asyncio.run(go())
