@@ -60,7 +60,10 @@ every call of the level (of 20 calls the 19th fastest; of 11, the slowest). A sy
 voice-to-voice at most that bar; ``--bars`` lists the bars (the issue's 1.5 s first; the
 looser ones give a ratio where a system never meets it), and a system's ramp stops at its
 first level past the highest. The levels run interleaved (a, b, c at one level, then the
-next), so load from elsewhere on the machine falls on all three alike. The single llama
+next), so load from elsewhere on the machine falls on all three alike. Between levels, with
+no call running, each worker collects its cyclic garbage and hands its freed heap back to the
+OS (pipecat's per-call models are freed only by the cyclic collector); each level reports the
+worker's RSS at its end. The single llama
 server answers one request at a time, for every system alike: under load part of every
 latency is its queue.
 
@@ -77,6 +80,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import json
 import math
@@ -359,7 +363,11 @@ class PipecatSystem:
 
 
 class VoxlineSystem:
-    """voxline's pipeline per call over the process's shared models, its LLM the same server."""
+    """voxline's pipeline per call over the process's shared models, its LLM the same server
+    (with ``[llm] server_prefill``, as for any llama.cpp server: its prompt cache gets the
+    caller's stable words while they speak)."""
+
+    server_prefill = True
 
     def __init__(self, llm_url: str, cfg: Config) -> None:
         from agent.presets import load_models
@@ -368,6 +376,7 @@ class VoxlineSystem:
         cfg.llm.backend = "openai"
         cfg.llm.base_url = llm_url
         cfg.llm.model = MODEL_NAME
+        cfg.llm.server_prefill = self.server_prefill
         self.cfg = cfg
         self.models = load_models(cfg)
         freeze_after_warmup(cfg.runtime)
@@ -432,6 +441,24 @@ def own_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def own_rss_mb() -> float:
+    """This process's resident memory now, MiB."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def heap_trimmer() -> Callable[[], None]:
+    """glibc's ``malloc_trim(0)``, a no-op elsewhere (see :func:`serve_worker`)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
+
+
 async def run_level(system: PipecatSystem | VoxlineSystem, clips: list[Clip],
                     pcms: list[np.ndarray], lines: list[dict], tail_s: float) -> dict[str, Any]:
     """Every line of the schedule at once; per call its clip, line and voice-to-voice."""
@@ -452,6 +479,7 @@ async def run_level(system: PipecatSystem | VoxlineSystem, clips: list[Clip],
     cpu0, t0 = own_cpu_s(), time.monotonic()
     await asyncio.gather(*(line(i, spec) for i, spec in enumerate(lines)))
     return {"calls": calls, "cpu_s": own_cpu_s() - cpu0, "wall_s": time.monotonic() - t0,
+            "rss_mb": own_rss_mb(),
             "build_s_p50": float(np.median(system.build_s)) if system.build_s else 0.0}
 
 
@@ -480,7 +508,16 @@ async def serve_worker(kind: str, llm_url: str, out: IO[str]) -> None:
     # every model's first run and the OS's file cache, before anything is measured
     warm = await system.call(clips[0], pcms[0], tail_s)
     reply({"ready": True, "load_s": time.monotonic() - t, "warm_v2v_s": warm.after_s.get("audio")})
+    trim = heap_trimmer()
     while (msg := await receive()) is not None:
+        # Between levels, with no call running, every worker alike: a full collection, then the
+        # freed heap back to the OS. A pipecat call's pipeline is a web of references that only
+        # the cyclic collector frees, and its Whisper model, Piper voice and ONNX sessions with
+        # it; Python counts objects, not bytes, so it seldom runs that collection by itself. A
+        # pipecat worker grew by 130-250 MB a call, and at 6 calls at once, after ~90 calls, the
+        # kernel killed it at 17.6 GB (2026-12-03). Within a level a worker still grows.
+        gc.collect()
+        trim()
         reply(await run_level(system, clips, pcms, msg["lines"], tail_s))
 
 
@@ -545,6 +582,10 @@ def llm_server(cfg: Config) -> Iterator[tuple[str, Callable[[], float]]]:
                 proc.wait()
 
 
+class WorkerDied(Exception):
+    """A system's worker process ended while running a level (the kernel's OOM killer, a crash)."""
+
+
 class Worker:
     """A system's worker process, spoken to in JSON lines over its stdin and stdout."""
 
@@ -557,16 +598,23 @@ class Worker:
 
     def ask(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # (it died before: readline says so)
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit(f"worker {self.kind} ({SYSTEMS[self.kind]}) died; its stderr is above")
+            code = self.proc.wait()
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            raise WorkerDied(f"worker {self.kind} ({SYSTEMS[self.kind]}) died ({how}); its "
+                             "stderr is above")
         return json.loads(line)
 
     def close(self) -> None:
         if self.proc.stdin is not None:
-            self.proc.stdin.close()
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -597,7 +645,7 @@ def level_stats(r: dict[str, Any], server_cpu_s: float, heard: set[str]) -> dict
         "cpu_s_per_call_min": (r["cpu_s"] + server_cpu_s) / minutes,
         "worker_cpu_s_per_call_min": r["cpu_s"] / minutes,
         "server_cpu_s_per_call_min": server_cpu_s / minutes,
-        "wall_s": r["wall_s"], "build_s_p50": r["build_s_p50"],
+        "wall_s": r["wall_s"], "build_s_p50": r["build_s_p50"], "rss_mb": r["rss_mb"],
         "per_call": r["calls"],
     }
 
@@ -640,7 +688,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         p95 = "inf" if st["p95_s"] is None else f"{st['p95_s']:.2f}"
         say(f"[{kind}] level {level:>2}: {st['calls']} calls scored, p50 {st['p50_s'] or 0:.2f} s, "
             f"p95 {p95} s, {st['misses']} without a reply, "
-            f"{st['cpu_s_per_call_min']:.1f} CPU-s/call-min, {st['wall_s']:.0f} s")
+            f"{st['cpu_s_per_call_min']:.1f} CPU-s/call-min, {st['rss_mb']:.0f} MB, "
+            f"{st['wall_s']:.0f} s")
         return st["p95_s"] is not None and st["p95_s"] <= ceiling
 
     with llm_server(cfg) as (url, server_cpu_s):
@@ -678,7 +727,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not active:
                     break
                 lines = schedule(level, clips, pool, args.tail_s, args.seed, MIN_LEVEL_CALLS)
-                active = [kind for kind in active if report(kind, level, *ask(kind, lines), heard)]
+                going = []
+                for kind in active:
+                    try:
+                        raw = ask(kind, lines)
+                    except WorkerDied as exc:  # its ramp ends here; the others' goes on
+                        say(f"[{kind}] level {level:>2}: {exc}")
+                        res["systems"][kind]["levels"][str(level)] = {"died": str(exc),
+                                                                      "p50_s": None, "p95_s": None}
+                        continue
+                    if report(kind, level, *raw, heard):
+                        going.append(kind)
+                active = going
         finally:
             for w in workers.values():
                 w.close()
@@ -723,7 +783,7 @@ def print_table(res: dict[str, Any]) -> None:
           "decision, after the end of voice")
     print(f"\n{'calls':<8}" + "".join(f"{'(' + k + ') p50 / p95 s':>20}" for k in sy))
     for level in res["levels"]:
-        cells = [f"{num(lv['p50_s'])} / {num(lv['p95_s'])}"
+        cells = [("worker died" if "died" in lv else f"{num(lv['p50_s'])} / {num(lv['p95_s'])}")
                  if (lv := s["levels"].get(str(level))) else "" for s in sy.values()]
         if any(cells):
             print(f"{level:<8}" + "".join(f"{c:>20}" for c in cells))
@@ -772,7 +832,10 @@ def main() -> int:
         return 2
     # stopped (timeout, kill): unwind, so the llama server and the workers are stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    res = run(args)
+    try:
+        res = run(args)
+    except WorkerDied as exc:  # (in the first level: nothing to compare)
+        raise SystemExit(str(exc)) from None
     print_table(res)
 
     def lean(s: dict[str, Any]) -> dict[str, Any]:
