@@ -130,7 +130,9 @@ class LLMConfig:
     # openai: warm the server's prompt cache ahead of the reply — a one-token request of the
     # prompt so far, while the caller speaks (their stable words) and at the pause — for a
     # server that reuses a prompt's cached prefix (llama.cpp's, vLLM with prefix caching).
-    # Each costs the server a request; a hosted API bills it: off unless asked for.
+    # Each costs the server a request; a hosted API bills it: off unless asked for. A server
+    # with one cache slot for many calls (llama_cpp.server) loses more to the calls' prefills
+    # evicting each other than it gains beyond ~3 calls at once (benchmarks/RESULTS.md).
     server_prefill: bool = False
     threads: int = 1  # generation threads (one leaves a core to the TTS and ASR)
     # prompt-evaluation threads. One: with preemption the reply's prompt is evaluated while

@@ -364,10 +364,10 @@ class PipecatSystem:
 
 class VoxlineSystem:
     """voxline's pipeline per call over the process's shared models, its LLM the same server
-    (with ``[llm] server_prefill``, as for any llama.cpp server: its prompt cache gets the
+    (``--server-prefill``: with ``[llm] server_prefill``, the server's prompt cache gets the
     caller's stable words while they speak)."""
 
-    server_prefill = True
+    server_prefill = False
 
     def __init__(self, llm_url: str, cfg: Config) -> None:
         from agent.presets import load_models
@@ -589,10 +589,11 @@ class WorkerDied(Exception):
 class Worker:
     """A system's worker process, spoken to in JSON lines over its stdin and stdout."""
 
-    def __init__(self, kind: str, llm_url: str, clips: list[Clip], tail_s: float) -> None:
+    def __init__(self, kind: str, llm_url: str, clips: list[Clip], tail_s: float,
+                 options: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", kind, "--llm-url", llm_url],
+            [sys.executable, __file__, "--worker", kind, "--llm-url", llm_url, *options],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ready = self.ask({"clips": [asdict(c) for c in clips], "tail_s": tail_s})
 
@@ -671,6 +672,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say(f"{len(clips)} clips: {', '.join(c.id for c in clips)}")
     res: dict[str, Any] = {
         "benchmark": "vs_pipecat", "bars_s": args.bars, "tail_s": args.tail_s, "seed": args.seed,
+        "server_prefill": args.server_prefill,
         "clips": [asdict(c) for c in clips], "levels": args.levels, "cores": os.cpu_count(),
         "llm": {"server": "llama_cpp.server", "model": "SmolLM2-135M-Instruct Q4_1",
                 "max_tokens": cfg.llm.max_tokens, "temperature": cfg.llm.temperature,
@@ -702,7 +704,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for kind in args.systems:  # one at a time: a model loading must not slow a warm-up
                 t = time.monotonic()
-                workers[kind] = Worker(kind, url, clips, args.tail_s)
+                workers[kind] = Worker(kind, url, clips, args.tail_s,
+                                       ("--server-prefill",) if args.server_prefill else ())
                 res["systems"][kind]["ready_s"] = time.monotonic() - t
                 say(f"[{kind}] {SYSTEMS[kind]}: ready in {time.monotonic() - t:.1f} s")
             # The first level plays every clip. A clip some system never answers even alone (its
@@ -810,9 +813,13 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--quick", action="store_true", help="smoke test: 3 clips, one call at a time")
     ap.add_argument("--json-out")
+    ap.add_argument("--server-prefill", action="store_true",
+                    help="(c) with [llm] server_prefill: faster alone, slower with several calls "
+                         "on the one llama.cpp slot")
     ap.add_argument("--worker", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     ap.add_argument("--llm-url", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    VoxlineSystem.server_prefill = args.server_prefill
     if args.worker:
         # the protocol keeps stdout's file; anything else printing to stdout goes to stderr
         out = os.fdopen(os.dup(1), "w")
