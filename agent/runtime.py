@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -102,12 +102,7 @@ def keep_heap_trimmed(cfg: RuntimeConfig | None = None) -> asyncio.Task[None] | 
     cfg = cfg or RuntimeConfig()
     if cfg.heap_trim_s <= 0:
         return None
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim this way
-        trim = None
-    else:
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim = malloc_trimmer()
     pool = ThreadPoolExecutor(1, thread_name_prefix="heap-trim")
 
     async def every() -> None:
@@ -120,7 +115,7 @@ def keep_heap_trimmed(cfg: RuntimeConfig | None = None) -> asyncio.Task[None] | 
                 (log.warning if cpu_ms > SLOW_COLLECT_MS else log.debug)(
                     "gc.collect(): %d objects in %.1f ms (%.1f ms of CPU)", found, ms, cpu_ms)
                 if trim is not None:
-                    await loop.run_in_executor(pool, trim, 0)
+                    await loop.run_in_executor(pool, trim)
                 await asyncio.sleep(cfg.heap_trim_s)
         finally:
             pool.shutdown(wait=False)
@@ -129,6 +124,17 @@ def keep_heap_trimmed(cfg: RuntimeConfig | None = None) -> asyncio.Task[None] | 
     _KEPT.add(task)  # (the loop holds tasks weakly)
     task.add_done_callback(_KEPT.discard)
     return task
+
+
+def malloc_trimmer() -> Callable[[], object] | None:
+    """glibc's ``malloc_trim(0)``, returning the free pages of every malloc arena to the OS;
+    None where the C library is not glibc (musl, macOS)."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
 
 
 SLOW_COLLECT_MS = 20.0  # a full collection that takes this much CPU is logged as a warning

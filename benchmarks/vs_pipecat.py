@@ -103,6 +103,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from emit import emit  # noqa: E402
+from soak_metrics import cpu_seconds, rss_kb  # noqa: E402
 
 from agent.audio import int16_to_float, read_audio  # noqa: E402
 from agent.config import Config, VADConfig  # noqa: E402
@@ -441,24 +442,6 @@ def own_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def own_rss_mb() -> float:
-    """This process's resident memory now, MiB."""
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def heap_trimmer() -> Callable[[], None]:
-    """glibc's ``malloc_trim(0)``, a no-op elsewhere (see :func:`serve_worker`)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return lambda: trim(0)
-
-
 async def run_level(system: PipecatSystem | VoxlineSystem, clips: list[Clip],
                     pcms: list[np.ndarray], lines: list[dict], tail_s: float) -> dict[str, Any]:
     """Every line of the schedule at once; per call its clip, line and voice-to-voice."""
@@ -479,7 +462,7 @@ async def run_level(system: PipecatSystem | VoxlineSystem, clips: list[Clip],
     cpu0, t0 = own_cpu_s(), time.monotonic()
     await asyncio.gather(*(line(i, spec) for i, spec in enumerate(lines)))
     return {"calls": calls, "cpu_s": own_cpu_s() - cpu0, "wall_s": time.monotonic() - t0,
-            "rss_mb": own_rss_mb(),
+            "rss_mb": rss_kb(os.getpid()) / 1024,
             "build_s_p50": float(np.median(system.build_s)) if system.build_s else 0.0}
 
 
@@ -508,7 +491,9 @@ async def serve_worker(kind: str, llm_url: str, out: IO[str]) -> None:
     # every model's first run and the OS's file cache, before anything is measured
     warm = await system.call(clips[0], pcms[0], tail_s)
     reply({"ready": True, "load_s": time.monotonic() - t, "warm_v2v_s": warm.after_s.get("audio")})
-    trim = heap_trimmer()
+    from agent.runtime import malloc_trimmer
+
+    trim = malloc_trimmer() or (lambda: None)
     while (msg := await receive()) is not None:
         # Between levels, with no call running, every worker alike: a full collection, then the
         # freed heap back to the OS. A pipecat call's pipeline is a web of references that only
@@ -550,8 +535,7 @@ def llm_server(cfg: Config) -> Iterator[tuple[str, Callable[[], float]]]:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
         def cpu_s() -> float:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return cpu_seconds(proc.pid)
 
         try:
             give_up = time.monotonic() + 60
