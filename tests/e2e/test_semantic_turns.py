@@ -27,9 +27,13 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 CLIPS = ["ls-test-clean-61-70968-0000.wav", "asterisk-queue-youarenext.wav",
          "turn/librivox-sense-and-sensibility-01-0920.wav"]
 PAUSE_MS = 600
-# Smart Turn takes this clip's cut for the end of the turn (0.84 at the pause, the whole clip
-# 0.88); its words there end on "and" (P(the message ends) < 0.001, tests/stages/test_text_turn.py)
-WORDS_CLIP = "turn/ls-dev-clean-1988-24833-0001.wav"
+# Clips whose cut Smart Turn may take for the end of the turn and whose words there read
+# unfinished ("... in charge here, and", "Why should", "... cold-hearted and rather"). Which of
+# them the sound cuts moves with the CPU's kernels (1988-24833-0001's cut scored 0.84 on one
+# machine and 0.40 on another: tests/stages/test_smart_turn.py), so the test takes every clip
+# the sound cuts on this machine, and needs at least one.
+WORDS_CLIPS = ["turn/ls-dev-clean-1988-24833-0001.wav", "ls-test-clean-4507-16021-0012.wav",
+               "turn/librivox-sense-and-sensibility-01-0890.wav"]
 
 pytestmark = pytest.mark.slow
 
@@ -106,14 +110,18 @@ def test_a_complete_utterance_ends_without_the_long_wait(models, words: bool) ->
 
 def test_words_that_read_unfinished_hold_a_pause_the_sound_takes_for_the_end(models) -> None:
     assert models.turn_words is not None
-    pcm, lo, hi = clip_with_pause(WORDS_CLIP)
-    # by sound alone a turn ends inside the pause (so the test can fail) ...
     by_sound = Config()
     by_sound.turn.text_check = False
-    sound = asyncio.run(turns(by_sound, models, pcm))
-    assert any(lo < at <= hi for at, _ in sound), sound
-    # ... and with the words' check (the default) none does: the turn holds until the caller
-    # goes on
-    got = asyncio.run(turns(Config(), models, pcm))
-    assert not any(lo < at <= hi for at, _ in got), got
-    assert any(at > hi and "charge" in text for at, text in got), got
+    held = 0
+    for name in WORDS_CLIPS:
+        pcm, lo, hi = clip_with_pause(name)
+        sound = asyncio.run(turns(by_sound, models, pcm))
+        if not any(lo < at <= hi for at, _ in sound):
+            continue  # the sound itself waits here: nothing for the words to hold
+        # by sound alone a turn ends inside the pause; with the words' check (the default)
+        # none does: the turn holds until the caller goes on
+        got = asyncio.run(turns(Config(), models, pcm))
+        assert not any(lo < at <= hi for at, _ in got), (name, got)
+        assert got and got[-1][0] > hi, (name, got)
+        held += 1
+    assert held >= 1  # the sound cut at least one of them (so the test can fail)
