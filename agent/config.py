@@ -53,6 +53,10 @@ class ASRConfig:
     threads: int = 2
     workers: int = 0  # backend calls at once, sharing the threads (0: one per thread)
     partial_interval_ms: int = 400  # how often partials are recomputed while the caller speaks
+    # partials take at most this share of a caller's real time: one whose model call took
+    # longer than partial_interval_ms * share (a slow CPU, a busy engine) spaces the next one
+    # out to busy / share (0: every partial_interval_ms regardless)
+    partial_share: float = 0.5
     max_utterance_s: float = 25.0  # longer utterances are committed and trimmed
     # Partials re-read only the audio after the committed text; a tail longer than this is
     # committed at its quietest point (0: every partial re-reads the whole utterance).

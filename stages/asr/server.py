@@ -100,6 +100,7 @@ class ASRServer:
         engine: ASREngine,
         *,
         partial_interval_ms: int = 400,
+        partial_share: float = 0.0,
         max_utterance_s: float = 25.0,
         commit_after_s: float = 6.0,
         max_message: int = wire.MAX_MESSAGE,
@@ -111,8 +112,9 @@ class ASRServer:
         max_buffered_total_mb: float = 512.0,
     ) -> None:
         self.engine = engine
-        self.stream_cfg = StreamConfig.from_ms(RATE, partial_interval_ms, max_utterance_s,
-                                               commit_after_s).fitting(engine.pool.slot_samples)
+        self.stream_cfg = StreamConfig.from_ms(
+            RATE, partial_interval_ms, max_utterance_s, commit_after_s,
+            partial_share=partial_share).fitting(engine.pool.slot_samples)
         self.max_message = max_message
         self.max_file_samples = int(max_file_s * RATE)
         self.language = language

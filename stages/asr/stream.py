@@ -108,6 +108,10 @@ class StreamConfig:
 
     rate: int = 16_000
     partial_interval: int = 6_400  # 400 ms
+    # A partial's model call took ``busy`` samples of arriving audio (queueing included): the
+    # next one is due no sooner than busy / partial_share after it, so partials take at most
+    # this share of the stream's real time on a CPU too slow for the interval (0: off).
+    partial_share: float = 0.0
     max_utterance: int = 400_000  # 25 s
     commit_after: int = 96_000  # 6 s of uncommitted tail; 0: partials re-read the utterance
     partials: bool = True
@@ -119,9 +123,12 @@ class StreamConfig:
 
     @classmethod
     def from_ms(cls, rate: int, partial_interval_ms: int, max_utterance_s: float,
-                commit_after_s: float, partials: bool = True) -> StreamConfig:
-        return cls(rate, max(1, partial_interval_ms * rate // 1000), int(max_utterance_s * rate),
-                   int(commit_after_s * rate), partials)
+                commit_after_s: float, partials: bool = True, partial_share: float = 0.0
+                ) -> StreamConfig:
+        return cls(rate=rate, partial_interval=max(1, partial_interval_ms * rate // 1000),
+                   max_utterance=int(max_utterance_s * rate),
+                   commit_after=int(commit_after_s * rate), partials=partials,
+                   partial_share=partial_share)
 
     @property
     def ring(self) -> int:
@@ -206,6 +213,7 @@ class _Utterance:
     started_at: int  # SpeechStarted.at
     commit: int  # first sample of the uncommitted tail
     partial_end: int  # end of the audio the last partial was requested for
+    partial_busy: int = 0  # samples that arrived while the last partial was with the model
     phase: Phase = Phase.SPEAKING
     segmented: bool = False
     prompt: str = ""  # text of earlier segments (already delivered as finals)
@@ -383,7 +391,9 @@ class ASRStream:
             self.errors += 1
             self._out.append(Failure(job.kind, error))
             text = None
-        elif text is None and job.kind is Kind.PARTIAL:
+        if job.kind is Kind.PARTIAL:
+            job.utt.partial_busy = max(0, self._end - job.end)
+        if error is None and text is None and job.kind is Kind.PARTIAL:
             self.discarded += 1  # shed as stale by the engine: a newer partial follows
             self._kick()
             return
@@ -498,7 +508,7 @@ class ASRStream:
         if u is None or u.phase is Phase.PAUSED or not self.cfg.partials:
             return
         commit = self.cfg.commit_after and self._end - u.commit > self.cfg.commit_after
-        if not commit and self._end - u.partial_end < self.cfg.partial_interval:
+        if not commit and self._end - u.partial_end < self._partial_gap(u):
             return  # nothing due (the common case, every frame: asks the engine nothing)
         if self._room is not None and not self._room():
             return  # the engine is full: the next audio frame tries again, with newer audio
@@ -508,10 +518,18 @@ class ASRStream:
             if hi > lo:
                 self._launch(_Job(Kind.COMMIT, u, self._quietest(lo, hi), self._epoch))
                 return
-        if self._end - u.partial_end < self.cfg.partial_interval:
+        if self._end - u.partial_end < self._partial_gap(u):
             return
         u.partial_end = self._end
         self._launch(_Job(Kind.PARTIAL, u, self._end, self._epoch, self._audio_ns))
+
+    def _partial_gap(self, u: _Utterance) -> int:
+        """Samples from one partial's request to the next: the interval, or longer where the
+        last one's model call kept the stream more than ``partial_share`` of its time."""
+        share = self.cfg.partial_share
+        if share <= 0 or not u.partial_busy:
+            return self.cfg.partial_interval
+        return max(self.cfg.partial_interval, int(u.partial_busy / share))
 
     def _whole(self, kind: Kind) -> bool:
         return self.cfg.whole_finals and kind in (Kind.FINAL, Kind.SPECULATIVE, Kind.SEGMENT)

@@ -221,3 +221,35 @@ def test_a_partial_waits_for_room_and_then_reads_the_newest_audio():
     d.core.stopped(s(1.02), 0)
     d.pump()
     assert d.requests[-1].kind is Kind.FINAL and d.finals()
+
+
+def _partial_ends(share: float, answer_after: float) -> list[int]:
+    """Where each partial's audio ended, over 6 s of speech whose partials are each answered
+    ``answer_after`` seconds of audio after their request."""
+    d = Driver(_cfg(partial_share=share))
+    audio = speech(" ".join(["alpha bravo charlie delta"] * 6))[: s(6.0)]
+    d.hold = True
+    lag = s(answer_after)
+    d.core.started(0)
+    for off in range(0, len(audio), FRAME):
+        d.core.audio(audio[off : off + FRAME], off)
+        d.pump()
+        while d.held and off + FRAME - d.held[0].end >= lag:
+            d.release()
+    return [r.end for r in d.requests if r.kind is Kind.PARTIAL]
+
+
+def test_partials_space_themselves_out_when_their_calls_take_long():
+    # answered at once: every 400 ms, whatever the share
+    quick = _partial_ends(0.5, 0.0)
+    assert np.diff(quick).tolist() == [s(0.4)] * (len(quick) - 1)
+    assert _partial_ends(0.0, 0.0) == quick
+    # each call takes 300 ms of audio: off, the next goes 400 ms after the last (model busy
+    # 75% of the time); at a share of 0.5, 600 ms after (50%)
+    slow_off = _partial_ends(0.0, 0.3)
+    slow = _partial_ends(0.5, 0.3)
+    assert np.diff(slow_off).tolist() == [s(0.4)] * (len(slow_off) - 1)
+    assert set(np.diff(slow).tolist()) == {s(0.6)}
+    assert len(slow) < len(slow_off) * 0.75
+    # a call under interval * share changes nothing
+    assert np.diff(_partial_ends(0.5, 0.15)).tolist() == np.diff(quick).tolist()
