@@ -26,7 +26,11 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 # and so under ±1 LSB of noise: tests/stages/test_smart_turn.py)
 CLIPS = ["ls-test-clean-61-70968-0000.wav", "asterisk-queue-youarenext.wav",
          "turn/librivox-sense-and-sensibility-01-0920.wav"]
-PAUSE_MS = 600
+# Long enough that a fixed 300 ms silence ends the turn inside it even on a slow, loaded CPU
+# (the final of the words before it has to be in too: on an AVX2 EPYC under the suite's load
+# it came 15 ms after a 600 ms pause), and short of the semantic waits (max_wait_ms and
+# text_wait_ms, 1.5 s) that keep the turn open through it.
+PAUSE_MS = 900
 # Clips whose cut Smart Turn may take for the end of the turn and whose words there read
 # unfinished ("... in charge here, and", "Why should", "... cold-hearted and rather"). Which of
 # them the sound cuts moves with the CPU's kernels (1988-24833-0001's cut scored 0.84 on one
