@@ -154,8 +154,9 @@ class Run:
             yield
         except Exception as exc:  # noqa: BLE001 - record it; the other parts still count
             error = f"{type(exc).__name__}: {exc}"[:400]
-            self.report["failures"].append({"part": name, "error": error})
+            self.report["failures"].append({"part": name, "error": error, "at": where(exc)})
             log(f"{name} FAILED after {time.perf_counter() - start:.1f} s: {error}")
+            traceback.print_exc(file=sys.stdout)
         else:
             log(f"{name} done in {time.perf_counter() - start:.1f} s")
         self.save()
@@ -219,6 +220,12 @@ class Run:
             print(json.dumps(result), flush=True)
             sys.stderr.flush()
         os._exit(EXIT_TIMED_OUT)
+
+
+def where(exc: BaseException) -> list[str]:
+    """The innermost frames of an exception, as ``file:line function`` (for the JSON)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-4:]
+    return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
 
 
 def synthetic_audio(n: int, low_s: float, high_s: float, seed: int = 0) -> list[np.ndarray]:
@@ -433,6 +440,9 @@ def measure(args: argparse.Namespace, run: Run) -> int:  # noqa: C901, PLR0915 -
             except Exception as exc:  # noqa: BLE001 - a mode that cannot build is a finding
                 error = f"failed: {type(exc).__name__}: {exc}"
                 checks[f"decoder_{mode}_equals_eager"] = error[:300]
+                checks[f"decoder_{mode}_failed_at"] = where(exc)
+                log(f"check {mode} raised:")
+                traceback.print_exc(file=sys.stdout)
     if cuda and run.fits("check auto", NEED_S["check"]):
         with run.part("check auto"):
             auto = GraphTDTDecoder(tdt)

@@ -9,8 +9,9 @@ conditional WHILE node that the GPU repeats while the 0-dim bool CUDA tensor ``f
   an NVRTC-compiled kernel sets the node's handle from the flag; the node is added with the driver
   API and its body is captured on a fresh stream with ``cudaStreamBeginCaptureToGraph``.
 
-Needs CUDA >= 12.4 and a driver >= 12.6. Not exercised on this project's CI (no GPU there): the
-GPU benchmark checks it produces the same tokens as the eager loop.
+Needs CUDA >= 12.4 and a driver >= 12.6. Not exercised on this project's CI (no GPU there); on
+a lent H200 (torch 2.11, cuda-bindings 13.3) the GPU tests, ``scripts/gpu_probe.py`` and the GPU
+benchmark check that the graphs give the eager loop's tokens (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -110,13 +111,22 @@ class _CudaPython:
             size = self.ok(nvrtc.nvrtcGetPTXSize(prog))
             ptx = b" " * size
             self.ok(nvrtc.nvrtcGetPTX(prog, ptx))
-            ptx_buf = np.char.array(ptx)
+            ptx_buf = np.frombuffer(ptx, dtype=np.uint8)  # NUL-terminated: nvrtc counts it
             module = self.ok(self.driver.cuModuleLoadData(ptx_buf.ctypes.data))
             self._kernel = self.ok(
                 self.driver.cuModuleGetFunction(module, b"voxline_set_while_condition")
             )
             self._keep_alive.append((module, ptx_buf))
         return self._kernel
+
+    def new_stream(self, device: torch.device) -> torch.cuda.ExternalStream:
+        """A stream of its own for a loop body. Not ``torch.cuda.Stream()``: that hands out a
+        pool of 32 streams in turn, so after enough captures a body could get the very stream
+        whose capture encloses it."""
+        rt = self.runtime
+        raw = self.ok(rt.cudaStreamCreateWithFlags(getattr(rt, "cudaStreamNonBlocking", 1)))
+        self._keep_alive.append(raw)
+        return torch.cuda.ExternalStream(int(raw), device=device)
 
     def launch_condition(self, args: Any, stream: int) -> None:
         self.ok(
@@ -159,7 +169,7 @@ class _CudaPython:
             node_r = self.cast(rt.cudaGraphNode_t, node)
             self.ok(rt.cudaStreamUpdateCaptureDependencies(stream, [node_r], 1, update))
         body_graph = self.cast(rt.cudaGraph_t, params.conditional.phGraph_out[0])
-        body_stream = torch.cuda.Stream(flag.device)
+        body_stream = self.new_stream(flag.device)
         previous = torch.cuda.current_stream(flag.device)
         self.ok(
             rt.cudaStreamBeginCaptureToGraph(
@@ -172,13 +182,44 @@ class _CudaPython:
             )
         )
         torch.cuda.set_stream(body_stream)
+        # torch routes allocations to the graph's pool only for streams in *its* capture; the
+        # body is a separate capture, so without this the first allocation there calls cudaMalloc
+        # mid-capture (not permitted). A pool of its own, never released: the graph replays into
+        # these blocks for as long as it lives.
+        device = flag.device.index if flag.device.index is not None else torch.cuda.current_device()
+        pool = torch.cuda.graph_pool_handle()
+        route = getattr(torch._C, "_cuda_beginAllocateCurrentStreamToPool", None)
+        if route is None:
+            torch.cuda.set_stream(previous)
+            self.runtime.cudaStreamEndCapture(body_stream.cuda_stream)
+            raise RuntimeError("this torch cannot route a side stream's allocations to a pool")
+        route(device, pool)
+        self._keep_alive.append((body_stream, pool))
         try:
             yield
             self.launch_condition(args, body_stream.cuda_stream)  # decides whether to go again
-        finally:
-            self.ok(rt.cudaStreamEndCapture(body_stream.cuda_stream))
-            torch.cuda.set_stream(previous)
-            self._keep_alive.append(body_stream)
+        except BaseException:
+            self._close_body(body_stream, previous, device, pool, check=False)
+            raise
+        self._close_body(body_stream, previous, device, pool, check=True)
+
+    def _close_body(
+        self,
+        body_stream: torch.cuda.ExternalStream,
+        previous: torch.cuda.Stream,
+        device: int,
+        pool: tuple[int, int],
+        *,
+        check: bool,
+    ) -> None:
+        """End the body's capture and give the enclosing capture its stream back — the stream
+        first: torch ends its own capture only on the stream it began on, so a body that failed
+        and kept its stream current would leave the whole capture (and the thread) open."""
+        torch._C._cuda_endAllocateToPool(device, pool)
+        torch.cuda.set_stream(previous)
+        ended = self.runtime.cudaStreamEndCapture(body_stream.cuda_stream)
+        if check:
+            self.ok(ended)
 
 
 _cuda_python: _CudaPython | None = None

@@ -16,7 +16,9 @@ same buffers, so the tokens are identical; the GPU benchmark checks that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +31,17 @@ log = logging.getLogger(__name__)
 MODES = ("full_graph", "no_while_loops", "no_graphs")
 _MIN_FRAMES = 375  # 30 s of encoder frames: most inputs never trigger a re-capture
 _WARMUP_PASSES = 3
+
+
+@contextlib.contextmanager
+def _stream_restored(device: torch.device) -> Iterator[None]:
+    """The current stream afterwards is the one before, even when a capture fails half-way
+    (torch's graph context leaves its capture stream current when ending the capture raises)."""
+    previous = torch.cuda.current_stream(device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(previous)
 
 
 @dataclass(slots=True)
@@ -164,8 +177,11 @@ class GraphTDTDecoder:
         tdt = self.tdt
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(state.lens.device)
-        with torch.cuda.graph(
-            graph, pool=self._graph_pool(), stream=stream, capture_error_mode="thread_local"
+        with (
+            _stream_restored(state.lens.device),
+            torch.cuda.graph(
+                graph, pool=self._graph_pool(), stream=stream, capture_error_mode="thread_local"
+            ),
         ):
             tdt.before_outer(state)
             with while_node(state.active_any):
@@ -185,8 +201,11 @@ class GraphTDTDecoder:
             self.tdt.after_inner,
         ):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(
-                graph, pool=self._graph_pool(), stream=stream, capture_error_mode="thread_local"
+            with (
+                _stream_restored(state.lens.device),
+                torch.cuda.graph(
+                    graph, pool=self._graph_pool(), stream=stream, capture_error_mode="thread_local"
+                ),
             ):
                 stage(state)
             graphs.append(graph)

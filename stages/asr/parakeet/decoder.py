@@ -34,8 +34,18 @@ class PredictionNetwork(nn.Module):
         )
 
     def step(self, labels: torch.Tensor, state: LSTMState) -> tuple[torch.Tensor, LSTMState]:
-        """One label per row (B,) → output (B, P) and the next state."""
-        out, new_state = self.lstm(self.embed(labels)[:, None, :], state)
+        """One label per row (B,) → output (B, P) and the next state.
+
+        On CUDA the LSTM runs torch's own kernels, not cuDNN's: with cuDNN the TDT decoder's
+        full graph (two nested conditional loops) crashed in capture_end (torch 2.11, CUDA 13,
+        H200; ``scripts/gpu_probe.py``). Every decoder mode runs these same kernels, so their
+        tokens stay identical."""
+        x = self.embed(labels)[:, None, :]
+        if x.is_cuda:
+            with torch.backends.cudnn.flags(enabled=False):
+                out, new_state = self.lstm(x, state)
+        else:
+            out, new_state = self.lstm(x, state)
         return out[:, 0], new_state
 
 

@@ -20,7 +20,7 @@ def reference_decode(model: ParakeetTDT, enc_proj: torch.Tensor, length: int, ma
     d = model.dims.decoder
     blank, durations = d.blank_id, list(d.durations)
     state = model.decoder.initial_state(1, enc_proj.device, enc_proj.dtype)
-    g, state = model.decoder.step(torch.tensor([blank]), state)
+    g, state = model.decoder.step(torch.tensor([blank], device=enc_proj.device), state)
     pred = model.joint.project_prediction(g)[0]
     tokens, frames, durs = [], [], []
     t, last_frame, run = 0, -1, 0
@@ -36,7 +36,7 @@ def reference_decode(model: ParakeetTDT, enc_proj: torch.Tensor, length: int, ma
         durs.append(dur)
         run = run + 1 if last_frame == t else 1
         last_frame = t
-        g, state = model.decoder.step(torch.tensor([k]), state)
+        g, state = model.decoder.step(torch.tensor([k], device=enc_proj.device), state)
         pred = model.joint.project_prediction(g)[0]
         t += dur
         if dur == 0 and run >= max_symbols:
