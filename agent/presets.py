@@ -92,10 +92,10 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     for m in (backend, llm, tts):
         if m is not None:
             m.warmup()  # declared by every backend protocol (ASRBackend, ChatLLM, TTS)
-    if tts is not None and cfg.tts.cache_words > 0 and cfg.tts.cache_mb > 0:
-        from stages.tts.cache import PhraseCache
+    if tts is not None:
+        from stages.tts.cache import with_phrase_cache
 
-        tts = PhraseCache(tts, max_words=cfg.tts.cache_words, max_bytes=cfg.tts.cache_mb << 20)
+        tts = with_phrase_cache(tts, cfg.tts)
     # one engine per model per process: every call's ASR requests share its batches
     asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     # last: its worker thread starts only once every other backend loaded without error

@@ -45,7 +45,7 @@ from agent.presets import load_models  # noqa: E402
 from agent.runtime import freeze_after_warmup  # noqa: E402
 from agent.trace import SPAN_ORDER  # noqa: E402
 from stages.asr.wer import corpus_wer, normalize  # noqa: E402
-from stages.tts.cache import PhraseCache  # noqa: E402
+from stages.tts.cache import PhraseCache, with_phrase_cache  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "speech"
 SPANS = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",
@@ -81,18 +81,10 @@ def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
     """The shared models with the mode's tools (``[llm] tools``), and its TTS: the phrase
     cache emptied (each mode starts cold and warms as a server would), or left out where the
     mode turns it off."""
-    import dataclasses
-
     from agent.presets import load_tools
 
-    tts = models.tts
-    if isinstance(tts, PhraseCache):
-        if cfg.tts.cache_words <= 0:
-            tts = tts.tts
-        else:
-            tts = PhraseCache(tts.tts, max_words=cfg.tts.cache_words,
-                              max_bytes=cfg.tts.cache_mb << 20)
-    return dataclasses.replace(models, tools=load_tools(cfg, models.llm), tts=tts)
+    return dataclasses.replace(models, tools=load_tools(cfg, models.llm),
+                               tts=with_phrase_cache(models.tts, cfg.tts))
 
 
 async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarray | None = None) -> dict:

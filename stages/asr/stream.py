@@ -508,7 +508,8 @@ class ASRStream:
         if u is None or u.phase is Phase.PAUSED or not self.cfg.partials:
             return
         commit = self.cfg.commit_after and self._end - u.commit > self.cfg.commit_after
-        if not commit and self._end - u.partial_end < self._partial_gap(u):
+        gap = self._partial_gap(u)
+        if not commit and self._end - u.partial_end < gap:
             return  # nothing due (the common case, every frame: asks the engine nothing)
         if self._room is not None and not self._room():
             return  # the engine is full: the next audio frame tries again, with newer audio
@@ -518,7 +519,7 @@ class ASRStream:
             if hi > lo:
                 self._launch(_Job(Kind.COMMIT, u, self._quietest(lo, hi), self._epoch))
                 return
-        if self._end - u.partial_end < self._partial_gap(u):
+        if self._end - u.partial_end < gap:
             return
         u.partial_end = self._end
         self._launch(_Job(Kind.PARTIAL, u, self._end, self._epoch, self._audio_ns))

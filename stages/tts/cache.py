@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agent.config import TTSConfig
 from stages.tts.base import TTS
 
 
@@ -106,4 +107,14 @@ class PhraseCache:
         self.tts.warmup()
 
 
-__all__ = ["PhraseCache", "PhraseCacheStats"]
+def with_phrase_cache(tts: TTS, cfg: TTSConfig) -> TTS:
+    """``tts`` behind a fresh, empty phrase cache as ``[tts] cache_words`` / ``cache_mb`` say,
+    or ``tts`` itself where they turn it off (a cache already in front is replaced)."""
+    if isinstance(tts, PhraseCache):
+        tts = tts.tts
+    if cfg.cache_words <= 0 or cfg.cache_mb <= 0:
+        return tts
+    return PhraseCache(tts, max_words=cfg.cache_words, max_bytes=cfg.cache_mb << 20)
+
+
+__all__ = ["PhraseCache", "PhraseCacheStats", "with_phrase_cache"]

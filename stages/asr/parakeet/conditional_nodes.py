@@ -188,12 +188,7 @@ class _CudaPython:
         # these blocks for as long as it lives.
         device = flag.device.index if flag.device.index is not None else torch.cuda.current_device()
         pool = torch.cuda.graph_pool_handle()
-        route = getattr(torch._C, "_cuda_beginAllocateCurrentStreamToPool", None)
-        if route is None:
-            torch.cuda.set_stream(previous)
-            self.runtime.cudaStreamEndCapture(body_stream.cuda_stream)
-            raise RuntimeError("this torch cannot route a side stream's allocations to a pool")
-        route(device, pool)
+        torch._C._cuda_beginAllocateCurrentStreamToPool(device, pool)
         self._keep_alive.append((body_stream, pool))
         try:
             yield
@@ -228,6 +223,8 @@ _cuda_python: _CudaPython | None = None
 def cuda_python_while() -> WhileNode | None:
     """cuda-python's WHILE-node opener when it is installed and the driver is new enough."""
     global _cuda_python
+    if not hasattr(torch._C, "_cuda_beginAllocateCurrentStreamToPool"):
+        return None  # a body's allocations could not be routed to a pool of its own
     if _cuda_python is None:
         try:
             _cuda_python = _CudaPython()

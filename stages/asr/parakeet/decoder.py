@@ -36,17 +36,30 @@ class PredictionNetwork(nn.Module):
     def step(self, labels: torch.Tensor, state: LSTMState) -> tuple[torch.Tensor, LSTMState]:
         """One label per row (B,) → output (B, P) and the next state.
 
-        On CUDA the LSTM runs torch's own kernels, not cuDNN's: with cuDNN the TDT decoder's
-        full graph (two nested conditional loops) crashed in capture_end (torch 2.11, CUDA 13,
-        H200; ``scripts/gpu_probe.py``). Every decoder mode runs these same kernels, so their
-        tokens stay identical."""
-        x = self.embed(labels)[:, None, :]
-        if x.is_cuda:
-            with torch.backends.cudnn.flags(enabled=False):
-                out, new_state = self.lstm(x, state)
-        else:
-            out, new_state = self.lstm(x, state)
-        return out[:, 0], new_state
+        On CUDA the step runs torch's fused LSTM cell layer by layer, not cuDNN's LSTM: with
+        cuDNN the TDT decoder's full graph (two nested conditional loops) crashed in capture_end
+        (torch 2.11, CUDA 13, H200; ``scripts/gpu_probe.py``). Every decoder mode runs this same
+        cell, so their tokens stay identical; no global cuDNN switch is touched."""
+        x = self.embed(labels)
+        if not x.is_cuda:
+            out, new_state = self.lstm(x[:, None, :], state)
+            return out[:, 0], new_state
+        h, c = state
+        hs, cs = [], []
+        for layer in range(self.lstm.num_layers):
+            x, c_next = torch.lstm_cell(x, (h[layer], c[layer]), *self._cell_weights(layer))
+            hs.append(x)
+            cs.append(c_next)
+        return x, (torch.stack(hs), torch.stack(cs))
+
+    def _cell_weights(self, layer: int) -> tuple[torch.Tensor | None, ...]:
+        lstm = self.lstm
+        return (
+            getattr(lstm, f"weight_ih_l{layer}"),
+            getattr(lstm, f"weight_hh_l{layer}"),
+            getattr(lstm, f"bias_ih_l{layer}", None),
+            getattr(lstm, f"bias_hh_l{layer}", None),
+        )
 
 
 class Joint(nn.Module):
