@@ -51,7 +51,10 @@ class ASRConfig:
     beam_size: int = 1
     compute_type: str = "int8"
     threads: int = 2
-    workers: int = 0  # backend calls at once, sharing the threads (0: one per thread)
+    # backend calls at once, sharing the threads (0: the backend's default — Whisper one call
+    # with every thread, the soonest final for a caller who pauses, except asr-serve, one per
+    # thread for more streams at once; remote 4)
+    workers: int = 0
     partial_interval_ms: int = 400  # how often partials are recomputed while the caller speaks
     # partials take at most this share of a caller's real time: one whose model call took
     # longer than partial_interval_ms * share (a slow CPU, a busy engine) spaces the next one

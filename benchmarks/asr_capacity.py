@@ -367,8 +367,9 @@ def main() -> int:
     ap.add_argument("--gaps", choices=["room", "zeros"], default="room",
                     help="what the line carries between turns: the recording's own background "
                     "noise (default), or digital silence (which the backend skips unaided)")
-    ap.add_argument("--workers", type=int, default=0,
-                    help="backend calls in flight (asr.workers; default 0: one per thread)")
+    ap.add_argument("--workers", type=int, default=ASRConfig().threads,
+                    help="backend calls in flight (asr.workers; default: one per thread, as "
+                         "asr-serve runs Whisper)")
     ap.add_argument("--max-batch", type=int, default=0,
                     help="asr.max_batch for the engine setups (default: the configuration's)")
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32])

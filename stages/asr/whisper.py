@@ -111,10 +111,13 @@ class WhisperBackend:
         self.cfg = cfg
         self.short_window = short_window
         # ``workers`` generate calls run at once, the threads shared out between them (default:
-        # one per thread). On 2 cores two 1-thread calls beat one 2-thread call by 10-25% in
-        # throughput, while one call alone is only ~7% slower on 1 thread than on 2 (158 vs
-        # 169 ms for 5.8 s of speech): a decoder step is too small to split well.
-        self.workers = max(1, cfg.workers or cfg.threads)
+        # one, with every thread). One call with both threads of 2 cores is what a caller who
+        # pauses waits on: 232 against 304 ms for 6 s of speech on an AVX2 EPYC, whose decoder
+        # steps are bound by reading the weights (on an AVX-512 Xeon 158 against 169 ms). Two
+        # 1-thread calls serve more streams at once when every call is a lone buffer (Xeon:
+        # 10-25% more), so asr-serve runs one per thread; batched buffers cost the same either
+        # way (EPYC, 16 buffers: 2.64 s in one 2-thread call, 2.66 s in two 1-thread ones).
+        self.workers = max(1, cfg.workers or 1)
         self.capabilities = ASRCapabilities(
             sample_rate=SAMPLE_RATE,
             max_batch=max(1, max_batch or cfg.max_batch or MAX_BATCH),

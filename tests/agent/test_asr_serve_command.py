@@ -59,3 +59,16 @@ def test_http_host_port_is_checked():
     for bad in ("8300", "host:", "h:70000", "h:²"):
         with pytest.raises(ConfigError, match="HOST:PORT"):
             parse_host_port(bad)
+
+
+def test_the_server_runs_one_whisper_call_per_thread_unless_told():
+    from agent.commands.asr_serve import for_many_streams
+
+    p = _asr_serve()
+    # calls default to one Whisper call with every thread; the server to one per thread
+    cfg = config_from_args(p.parse_args(["--asr-threads", "3"]))
+    assert cfg.asr.workers == 0 and for_many_streams(cfg.asr).workers == 3
+    told = config_from_args(p.parse_args(["--asr-threads", "4", "--asr-workers", "1"]))
+    assert for_many_streams(told.asr).workers == 1  # set explicitly: kept
+    remote = config_from_args(p.parse_args(["--asr-backend", "remote"]))
+    assert for_many_streams(remote.asr).workers == 0  # the remote backend's own default

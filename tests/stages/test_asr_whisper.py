@@ -39,6 +39,8 @@ def test_is_an_asr_backend(backend):
     caps = backend.capabilities
     assert caps.sample_rate == backend.sample_rate and caps.max_batch == backend.max_batch
     assert caps.lanes == backend.workers and caps.batch_cost is BatchCost.LINEAR
+    # by default one call at a time with every thread: a pausing caller's final goes soonest
+    assert backend.workers == 1 and backend.cfg.threads == 2
     assert caps.prompts and not caps.word_times and not caps.stateful
 
 
