@@ -52,8 +52,8 @@ class ASRConfig:
     compute_type: str = "int8"
     threads: int = 2
     # backend calls at once, sharing the threads (0: the backend's default — Whisper one call
-    # with every thread, the soonest final for a caller who pauses, except asr-serve, one per
-    # thread for more streams at once; remote 4)
+    # with every thread, the soonest final for a caller who pauses, except asr-serve and files,
+    # one per thread for throughput (for_throughput); remote 4)
     workers: int = 0
     partial_interval_ms: int = 400  # how often partials are recomputed while the caller speaks
     # partials take at most this share of a caller's real time: one whose model call took
@@ -69,6 +69,15 @@ class ASRConfig:
     max_batch: int = 0  # largest batch per backend call (0: the backend's; 1 on linear cost)
     max_latency_ms: float = 1000.0  # a partial older than this is dropped, never a final
     batching: bool = True  # off: one backend call per request (for comparison)
+
+    def for_throughput(self) -> ASRConfig:
+        """These settings for work judged by throughput — asr-serve's many streams, files:
+        Whisper's default of one model call with every thread (the soonest final for one
+        caller) becomes one call per thread, which gets more done (stages/asr/whisper.py);
+        anything set explicitly stays."""
+        if self.backend == "whisper" and not self.workers:
+            return dataclasses.replace(self, workers=max(1, self.threads))
+        return self
 
 
 TURN_MODES = ("semantic", "vad")

@@ -48,7 +48,7 @@ def main() -> int:
     res: dict = {"benchmark": "offline_transcribe", "clips": len(audios), "audio_s": round(total, 1),
                  "batch_size": args.batch_size, "threads": args.threads}
 
-    cfg = ASRConfig(threads=args.threads)
+    cfg = ASRConfig(threads=args.threads).for_throughput()  # as `voxline transcribe` runs
     backend = WhisperBackend(cfg, max_batch=args.batch_size)
     backend.warmup()
     vad = SileroModel(VADConfig())

@@ -4,12 +4,11 @@ the OpenAI-compatible HTTP endpoint) on one event-loop thread."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import time
 
 from agent.commands.operate import add_ops_flags, check_ops_flags
-from agent.config import ASRConfig, Config, add_config_flags, config_from_args
+from agent.config import Config, add_config_flags, config_from_args
 from agent.errors import ConfigError
 
 
@@ -102,15 +101,6 @@ def main(args: argparse.Namespace) -> int:
                        cfg.runtime)
 
 
-def for_many_streams(asr: ASRConfig) -> ASRConfig:
-    """The ASR settings for a server of many streams: Whisper's default of one model call with
-    every thread (the soonest final for one caller) becomes one call per thread, which serves
-    more streams at once (stages/asr/whisper.py); anything set explicitly stays."""
-    if asr.backend == "whisper" and not asr.workers:
-        return dataclasses.replace(asr, workers=max(1, asr.threads))
-    return asr
-
-
 async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: argparse.Namespace) -> int:
     from agent.commands.operate import Telemetry
     from agent.ops import serve_until_stopped
@@ -123,7 +113,7 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
 
     group = group_id(args.socket_group) if args.socket_group else None
     t0 = time.monotonic()
-    cfg.asr = for_many_streams(cfg.asr)
+    cfg.asr = cfg.asr.for_throughput()  # many streams: one Whisper call per thread
     cls = backend_class("asr", cfg.asr.backend)
     words = args.word_times or args.diarize
     # Whisper aligns words only when asked (it costs more); Parakeet always times them

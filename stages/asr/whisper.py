@@ -114,9 +114,9 @@ class WhisperBackend:
         # one, with every thread). One call with both threads of 2 cores is what a caller who
         # pauses waits on: 232 against 304 ms for 6 s of speech on an AVX2 EPYC, whose decoder
         # steps are bound by reading the weights (on an AVX-512 Xeon 158 against 169 ms). Two
-        # 1-thread calls serve more streams at once when every call is a lone buffer (Xeon:
-        # 10-25% more), so asr-serve runs one per thread; batched buffers cost the same either
-        # way (EPYC, 16 buffers: 2.64 s in one 2-thread call, 2.66 s in two 1-thread ones).
+        # 1-thread calls get more done: more lone streams at once (Xeon: 10-25% more), files at
+        # RTFx 37 against 34 (EPYC, the speech set in batches of 16), so asr-serve and file
+        # transcription run one per thread (ASRConfig.for_throughput).
         self.workers = max(1, cfg.workers or 1)
         self.capabilities = ASRCapabilities(
             sample_rate=SAMPLE_RATE,

@@ -62,13 +62,12 @@ def test_http_host_port_is_checked():
 
 
 def test_the_server_runs_one_whisper_call_per_thread_unless_told():
-    from agent.commands.asr_serve import for_many_streams
-
     p = _asr_serve()
-    # calls default to one Whisper call with every thread; the server to one per thread
+    # calls default to one Whisper call with every thread; the server (and files) to one per
+    # thread
     cfg = config_from_args(p.parse_args(["--asr-threads", "3"]))
-    assert cfg.asr.workers == 0 and for_many_streams(cfg.asr).workers == 3
+    assert cfg.asr.workers == 0 and cfg.asr.for_throughput().workers == 3
     told = config_from_args(p.parse_args(["--asr-threads", "4", "--asr-workers", "1"]))
-    assert for_many_streams(told.asr).workers == 1  # set explicitly: kept
+    assert told.asr.for_throughput().workers == 1  # set explicitly: kept
     remote = config_from_args(p.parse_args(["--asr-backend", "remote"]))
-    assert for_many_streams(remote.asr).workers == 0  # the remote backend's own default
+    assert remote.asr.for_throughput().workers == 0  # the remote backend's own default
