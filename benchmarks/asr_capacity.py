@@ -313,7 +313,7 @@ async def run_level(setup: str, n: int, backend, vad_base, cfg: ASRConfig, clips
 
 
 async def main_async(args) -> dict:
-    cfg = ASRConfig(workers=args.workers)
+    cfg = ASRConfig(workers=args.workers).for_throughput()  # as asr-serve runs
     if args.max_batch:
         cfg.max_batch = args.max_batch
     backend = WhisperBackend(cfg)
@@ -367,8 +367,8 @@ def main() -> int:
     ap.add_argument("--gaps", choices=["room", "zeros"], default="room",
                     help="what the line carries between turns: the recording's own background "
                     "noise (default), or digital silence (which the backend skips unaided)")
-    ap.add_argument("--workers", type=int, default=ASRConfig().threads,
-                    help="backend calls in flight (asr.workers; default: one per thread, as "
+    ap.add_argument("--workers", type=int, default=0,
+                    help="backend calls in flight (asr.workers; default 0: one per thread, as "
                          "asr-serve runs Whisper)")
     ap.add_argument("--max-batch", type=int, default=0,
                     help="asr.max_batch for the engine setups (default: the configuration's)")
