@@ -161,10 +161,10 @@ class Timed:
         self.sample_rate, self.max_batch = inner.sample_rate, inner.max_batch
         self.ms: list[float] = []
 
-    def transcribe_batch(self, audio, prompts=None):
+    def transcribe_batch(self, audio, prompts=None, **kw):
         t0 = time.perf_counter()
         try:
-            return self.inner.transcribe_batch(audio, prompts)
+            return self.inner.transcribe_batch(audio, prompts, **kw)
         finally:
             self.ms.append((time.perf_counter() - t0) * 1000)
 

@@ -62,6 +62,9 @@ MODES = {
     "semantic": {},  # the defaults
     # the defaults without the TTS phrase cache (every first chunk synthesized anew)
     "semantic-nocache": {"tts.cache_words": 0},
+    # the defaults with the end pad before 2026-12-04's change: the speculative transcript
+    # reads 100 ms after Silero's pause instead of 40
+    "semantic-pad100": {"asr.end_pad_ms": 100},
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
     # the answer)
@@ -149,6 +152,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     per_clip = []
     tokens = discarded = specs = adopted = gaps = 0
     gap_ms = 0.0
+    engine = models.asr.stats
+    asr_before = (engine.requests, engine.cancelled, engine.abandoned)
     for i, m in enumerate(manifest, 1):
         pcm = read_audio(DATA / m["path"])
         if noise is not None:
@@ -196,6 +201,12 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "per_clip": per_clip,
         "tts_cache": (dataclasses.asdict(models.tts.stats) if isinstance(models.tts, PhraseCache)
                       else None),
+        # ASR model calls run, requests dropped before their call, and calls stopped after the
+        # encoder because their stream gave them up (a partial when the caller paused)
+        "asr": dict(zip(("calls", "cancelled", "abandoned"),
+                        (a - b for a, b in zip((engine.requests, engine.cancelled,
+                                                engine.abandoned), asr_before, strict=True)),
+                        strict=True)),
     }
 
 
@@ -250,7 +261,10 @@ def print_table(res: dict) -> None:
               f"({r['adopted']}/{r['speculations']} speculative replies adopted); "
               f"{r['reply_gaps']} gaps inside replies ({r['reply_gap_ms']} ms in all)"
               + (f"; TTS phrase cache {r['tts_cache']['hits']} hits, {r['tts_cache']['misses']} "
-                 "misses" if r.get("tts_cache") else ""))
+                 "misses" if r.get("tts_cache") else "")
+              + (f"; ASR requests run {r['asr']['calls']}, cancelled before their call "
+                 f"{r['asr']['cancelled']}, stopped after the encoder {r['asr']['abandoned']}"
+                 if r.get("asr") else ""))
     if "noise" in res and "semantic" in modes:
         clean = modes["semantic"]["spans_ms"].get("vad_eos", {}).get("p95")
         for snr, r in res["noise"].items():

@@ -125,7 +125,7 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
     backend.warmup()
     engine = make_engine(backend, cfg.asr)
     server = ASRServer(engine, partial_interval_ms=cfg.asr.partial_interval_ms,
-                       partial_share=cfg.asr.partial_share,
+                       partial_share=cfg.asr.partial_share, end_pad_ms=cfg.asr.end_pad_ms,
                        max_utterance_s=cfg.asr.max_utterance_s,
                        commit_after_s=cfg.asr.commit_after_s, language=cfg.asr.language,
                        max_file_s=args.max_audio_seconds,

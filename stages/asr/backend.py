@@ -52,7 +52,10 @@ class ASRCapabilities:
     ``word_times``: whether hypotheses carry per-word times (:attr:`Hypothesis.words`).
     ``stateful``: the backend keeps per-stream state between calls and implements
     :class:`StatefulASRBackend`; the engine then opens one state per slot and feeds each
-    stream's requests in order, one at a time. ``sample_rate``: the audio it takes, in Hz.
+    stream's requests in order, one at a time. ``abandonable``: ``transcribe_batch`` takes a
+    ``wanted`` callable (one bool per buffer) and asks it between its stages (Whisper: after
+    the encoder), so a call whose requests nobody waits for any more stops there.
+    ``sample_rate``: the audio it takes, in Hz.
     """
 
     sample_rate: int
@@ -62,6 +65,7 @@ class ASRCapabilities:
     prompts: bool = False
     word_times: bool = False
     stateful: bool = False
+    abandonable: bool = False
 
     def __post_init__(self) -> None:
         if self.sample_rate <= 0 or self.max_batch < 1 or self.lanes < 1:

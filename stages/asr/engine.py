@@ -50,6 +50,7 @@ class Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Hypothesis | None]
     state: StreamState | None = None  # the slot's stream state (stateful backends)
+    dropped: bool = False  # cancelled while in a model call: its answer goes nowhere
 
 
 # upper bounds (seconds) of the batch-wait histogram: from enqueue to the batch's model call
@@ -62,6 +63,7 @@ class EngineStats:
     requests: int = 0
     dropped_stale: int = 0  # partials shed: too old to be worth a model call
     cancelled: int = 0  # dropped before they ran because their stream no longer wanted them
+    abandoned: int = 0  # cancelled while in a model call (a backend that can stop one early)
     batch_sizes: dict[int, int] = field(default_factory=dict)
     busy_s: float = 0.0
     # how long each request run waited for its batch: counts per WAIT_BOUNDS_S bucket (the
@@ -132,6 +134,8 @@ class ASREngine:
         # Stateful backends: the states in a running call (by id), and those whose slot was
         # released meanwhile, closed when that call returns.
         self._running: set[int] = set()
+        # The batches in model calls now, so that a cancel can reach a running request.
+        self._in_calls: list[list[Request]] = []
         self._closing: dict[int, StreamState] = {}
         # One worker thread per backend call the backend runs at once: each gathers and runs
         # its own batch, so a final need not wait for a batch of partials.
@@ -213,8 +217,10 @@ class ASREngine:
 
     def cancel(self, future: asyncio.Future[Hypothesis | None]) -> bool:
         """Drop the request behind ``future`` if no lane has taken it yet (it resolves to None);
-        False when it is running or done. A stateful backend's requests are never dropped:
-        the stream's state needs their audio."""
+        False when it is running or done. A running one resolves to None when its call
+        returns, and a backend that can stop a call early (``capabilities.abandonable``; Whisper
+        after its encoder) skips the rest of its work. A stateful backend's requests are never
+        dropped: the stream's state needs their audio."""
         if self._streams is not None:
             return False
         with self._cv:
@@ -223,6 +229,11 @@ class ASREngine:
                     self._queue.remove(r)
                     break
             else:
+                for batch in self._in_calls:
+                    for r in batch:
+                        if r.future is future and not r.dropped:
+                            r.dropped = True
+                            self.stats.abandoned += 1
                 return False
         self.stats.cancelled += 1
         _resolve(future, None)
@@ -234,11 +245,12 @@ class ASREngine:
             st = self.stats
             sizes = dict(st.batch_sizes)
             waits, wait_sum = list(st.wait_counts), st.wait_sum_s
-            counters = (st.batches, st.requests, st.dropped_stale, st.cancelled, st.busy_s)
+            counters = (st.batches, st.requests, st.dropped_stale, st.cancelled, st.busy_s,
+                        st.abandoned)
         bounds = tuple(float(b) for b in range(1, self.max_batch + 1))
         by_size = [sizes.get(int(b), 0) for b in bounds]
         by_size.append(sum(n for k, n in sizes.items() if k > self.max_batch))
-        batches, requests, shed, cancelled, busy = counters
+        batches, requests, shed, cancelled, busy, abandoned = counters
         in_use = self.pool.in_use
         return [
             Sample("voxline_asr_slots", "gauge", "ASR stream slots, by state.",
@@ -255,6 +267,9 @@ class ASREngine:
                    "unrun, too old to be worth a model call (an overloaded engine).", shed),
             Sample("voxline_asr_requests_cancelled", "counter", "Requests dropped unrun because "
                    "their stream no longer wanted them.", cancelled),
+            Sample("voxline_asr_requests_abandoned", "counter", "Requests their stream gave up "
+                   "while in a model call (the backend stops such a call early where it can).",
+                   abandoned),
             Sample("voxline_asr_busy_seconds", "counter", "Seconds the engine's model calls ran.",
                    busy),
         ]
@@ -337,6 +352,8 @@ class ASREngine:
             if not batch:
                 continue
             t0 = time.perf_counter()
+            with self._cv:
+                self._in_calls.append(batch)
             try:
                 hyps = self._call(batch)
             except Exception as exc:  # a failing batch fails its requests, not the engine
@@ -346,6 +363,8 @@ class ASREngine:
                 hyps = None
             finally:
                 busy = time.perf_counter() - t0
+                with self._cv:
+                    self._in_calls.remove(batch)
                 if self._streams is not None:
                     self._returned(batch)
             if hyps is None:
@@ -357,7 +376,8 @@ class ASREngine:
                 st.requests += len(batch)
                 st.batch_sizes[len(batch)] = st.batch_sizes.get(len(batch), 0) + 1
             for r, h in zip(batch, hyps, strict=True):
-                _answer(r, _resolve, h)
+                gone = r.dropped or r.slot.generation != r.generation  # nobody waits for h
+                _answer(r, _resolve, None if gone else h)
 
     def _call(self, batch: list[Request]) -> list[Hypothesis]:
         prompts: list[str] | None = None
@@ -367,6 +387,11 @@ class ASREngine:
                 prompts = None
         audio = [r.audio for r in batch]
         if self._streams is None:
+            if self.capabilities.abandonable:
+                def wanted() -> list[bool]:  # on this worker thread; a bool read needs no lock
+                    return [not r.dropped and r.slot.generation == r.generation for r in batch]
+
+                return self.backend.transcribe_batch(audio, prompts, wanted=wanted)
             return self.backend.transcribe_batch(audio, prompts)
         return self._streams.transcribe_streams(
             audio, [r.state for r in batch], [r.final for r in batch], prompts

@@ -34,7 +34,16 @@ from stages.asr.engine_share import EngineShare
 from stages.asr.local_socket import Peer, PeerPolicy
 from stages.asr.long_audio import joined, transcribe_long
 from stages.asr.slots import Slot
-from stages.asr.stream import ASRStream, Cancel, Failure, Kind, Request, Result, StreamConfig
+from stages.asr.stream import (
+    END_PAD_MS,
+    ASRStream,
+    Cancel,
+    Failure,
+    Kind,
+    Request,
+    Result,
+    StreamConfig,
+)
 from stages.asr.wire import (
     Audio,
     End,
@@ -101,6 +110,7 @@ class ASRServer:
         *,
         partial_interval_ms: int = 400,
         partial_share: float = 0.0,
+        end_pad_ms: int = END_PAD_MS,
         max_utterance_s: float = 25.0,
         commit_after_s: float = 6.0,
         max_message: int = wire.MAX_MESSAGE,
@@ -114,7 +124,7 @@ class ASRServer:
         self.engine = engine
         self.stream_cfg = StreamConfig.from_ms(
             RATE, partial_interval_ms, max_utterance_s, commit_after_s,
-            partial_share=partial_share).fitting(engine.pool.slot_samples)
+            partial_share=partial_share, end_pad_ms=end_pad_ms).fitting(engine.pool.slot_samples)
         self.max_message = max_message
         self.max_file_samples = int(max_file_s * RATE)
         self.language = language

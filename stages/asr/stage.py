@@ -31,7 +31,7 @@ from stages.asr.stream import ASRStream, Failure, Kind, Result, StreamConfig
 
 def stream_config(cfg: ASRConfig, rate: int, partials: bool = True) -> StreamConfig:
     return StreamConfig.from_ms(rate, cfg.partial_interval_ms, cfg.max_utterance_s,
-                                cfg.commit_after_s, partials, cfg.partial_share)
+                                cfg.commit_after_s, partials, cfg.partial_share, cfg.end_pad_ms)
 
 
 def ring_seconds(cfg: ASRConfig, rate: int = 16_000) -> float:

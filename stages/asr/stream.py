@@ -47,7 +47,7 @@ from stages.asr.agreement import LocalAgreement
 from stages.asr.cutting import quietest_point
 
 PRE_ROLL_MS = 200  # audio kept before SpeechStarted.at: the VAD decides a little late
-END_PAD_MS = 100  # audio kept after the end of speech, so the last word is not clipped
+END_PAD_MS = 40  # audio read after Silero's pause (the end of speech): no last word clipped
 # The ring holds the longest utterance plus this much: a transcription waiting behind another
 # call still finds its audio. If it waited longer, it reports an error instead of garbage.
 RING_MARGIN_S = 10.0
@@ -112,6 +112,7 @@ class StreamConfig:
     # next one is due no sooner than busy / partial_share after it, so partials take at most
     # this share of the stream's real time on a CPU too slow for the interval (0: off).
     partial_share: float = 0.0
+    end_pad: int = END_PAD_MS * 16  # after the end of speech, what a final reads (40 ms)
     max_utterance: int = 400_000  # 25 s
     commit_after: int = 96_000  # 6 s of uncommitted tail; 0: partials re-read the utterance
     partials: bool = True
@@ -123,12 +124,12 @@ class StreamConfig:
 
     @classmethod
     def from_ms(cls, rate: int, partial_interval_ms: int, max_utterance_s: float,
-                commit_after_s: float, partials: bool = True, partial_share: float = 0.0
-                ) -> StreamConfig:
+                commit_after_s: float, partials: bool = True, partial_share: float = 0.0,
+                end_pad_ms: int = END_PAD_MS) -> StreamConfig:
         return cls(rate=rate, partial_interval=max(1, partial_interval_ms * rate // 1000),
                    max_utterance=int(max_utterance_s * rate),
                    commit_after=int(commit_after_s * rate), partials=partials,
-                   partial_share=partial_share)
+                   partial_share=partial_share, end_pad=max(0, end_pad_ms) * rate // 1000)
 
     @property
     def ring(self) -> int:
@@ -257,7 +258,7 @@ class ASRStream:
         self._room = room  # may a partial (or a commit) go to the model now? (engine load)
         self._ring = ring
         self._pre_roll = PRE_ROLL_MS * cfg.rate // 1000
-        self._end_pad = END_PAD_MS * cfg.rate // 1000
+        self._end_pad = cfg.end_pad
         self._end = 0  # media sample after the newest audio in the ring
         self._valid_from = 0  # oldest media sample still in the ring
         self._audio_ns = 0

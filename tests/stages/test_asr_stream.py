@@ -253,3 +253,21 @@ def test_partials_space_themselves_out_when_their_calls_take_long():
     assert len(slow) < len(slow_off) * 0.75
     # a call under interval * share changes nothing
     assert np.diff(_partial_ends(0.5, 0.15)).tolist() == np.diff(quick).tolist()
+
+
+@pytest.mark.parametrize("pad_ms", [40, 100])
+def test_the_end_pad_sets_what_the_speculative_transcript_and_the_final_read(pad_ms):
+    config = StreamConfig.from_ms(SR, 400, 25.0, 6.0, end_pad_ms=pad_ms)
+    assert config.end_pad == s(pad_ms / 1000)
+    d = Driver(config)
+    audio = speech("alpha bravo charlie delta _ _ _")
+    pause = s(1.2)
+    # the pause is heard a window after it; the speculative call waits for the pad's audio
+    d.play(audio[: s(1.8)], events=[(s(0.06), "started", 0), (pause + 512, "paused", pause)])
+    spec = [r for r in d.requests if r.kind is Kind.SPECULATIVE]
+    assert [r.end for r in spec] == [pause + s(pad_ms / 1000)]
+    asked = len(d.requests)
+    d.core.stopped(pause, 0)
+    d.pump()
+    assert len(d.requests) == asked  # the speculative result is the final: no new call
+    assert d.finals() == ["alpha bravo charlie delta"]

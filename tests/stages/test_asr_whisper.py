@@ -41,7 +41,7 @@ def test_is_an_asr_backend(backend):
     assert caps.lanes == backend.workers and caps.batch_cost is BatchCost.LINEAR
     # by default one call at a time with every thread: a pausing caller's final goes soonest
     assert backend.workers == 1 and backend.cfg.threads == 2
-    assert caps.prompts and not caps.word_times and not caps.stateful
+    assert caps.prompts and not caps.word_times and not caps.stateful and caps.abandonable
 
 
 def test_real_clips_transcribed_within_wer(backend, clips):
@@ -68,6 +68,23 @@ def test_parallel_workers_give_the_same_transcripts(backend, clips):
     assert [h.text for h in two.transcribe_batch(audio)] == [
         h.text for h in backend.transcribe_batch(audio)
     ]
+
+
+def test_buffers_no_longer_wanted_after_the_encoder_are_not_decoded(backend, clips):
+    audio = list(clips.values())
+    whole = [h.text for h in backend.transcribe_batch(audio)]
+    asked = []
+
+    def wanted():
+        asked.append(1)
+        return [True, False, True]
+
+    kept = backend.transcribe_batch(audio, wanted=wanted)
+    assert asked  # asked (after the encoder), and it changes nothing for the rows kept
+    assert [h.text for h in kept] == [whole[0], "", whole[2]]
+    assert not kept[1].tokens
+    nobody = backend.transcribe_batch(audio, wanted=lambda: [False] * 3)
+    assert [h.text for h in nobody] == ["", "", ""]
 
 
 def test_encoder_window_covers_the_buffer_plus_two_seconds():

@@ -224,3 +224,14 @@ def test_a_prompt_changes_nothing_about_the_words_contract(backends):
     (hyp,) = timed.transcribe_batch([buf], ["The traveller asked himself a question."])
     assert hyp.words
     _check_words(hyp, len(buf) / RATE)
+
+
+def test_rows_no_longer_wanted_are_not_decoded_nor_aligned(backends):
+    timed, _ = backends
+    hiss = _hiss(2.0, -40)
+    audio = [speech.load_float("honest"), hiss, speech.load_float("kittens")]
+    whole = timed.transcribe_batch(audio)
+    kept = timed.transcribe_batch(audio, wanted=lambda: [False, True, True])
+    # the kept rows (a wordless one among them) keep their text and word times
+    assert kept[0].text == "" and not kept[0].words
+    assert kept[1:] == whole[1:] and kept[2].words
