@@ -55,7 +55,7 @@ def run_turn(llm: Scripted) -> int:
 
 def test_the_stage_prefills_only_a_backend_that_declares_it() -> None:
     able, unable = Scripted(prefill=True), Scripted(prefill=False)
-    assert run_turn(able) == 1 and able.prefilled[-1][-1]["content"] == "what time is it"
+    assert run_turn(able) == 1 and able.prefilled[-1][-1]["content"] == "What time is it"  # as_message
     assert run_turn(unable) == 0 and unable.prefilled == []
 
 

@@ -272,6 +272,34 @@ def test_the_words_said_so_far_are_prefilled_while_the_caller_speaks(llm: LocalL
     assert with_prefill and with_prefill == without  # temperature 0: the same words
 
 
+def test_a_partial_in_lower_case_is_prefilled_as_the_final_is_spelled(llm: LocalLLM) -> None:
+    # Whisper's partials may begin "what is ..." where the final begins "What is ...": the
+    # words in the cache must be the final's, or the reply evaluates the whole message again.
+    from agent.frames import SpeechPaused, SpeechStarted
+
+    async def run() -> tuple[str, object]:
+        async with Harness(llm, AgentConfig(first_audio_wait_ms=0)) as h:
+            push = h.pipeline.push
+            push(SpeechStarted(at=0), DOWN)
+            push(Transcript("what is the opposite of", final=False,
+                            stable=len("what is the opposite of")), DOWN)
+            await asyncio.sleep(0.3)
+            ids = llm._llama.input_ids[: llm._llama.n_tokens].tolist()
+            cached = llm._llama.detokenize(ids, special=True).decode()
+            push(SpeechPaused(at=16000), DOWN)
+            push(Transcript(PREFILL_QUESTION, final=False, stable=len(PREFILL_QUESTION),
+                            speculative=True), DOWN)
+            push(UserTurnEnded(PREFILL_QUESTION), DOWN)
+            await h.until(lambda fs: any(isinstance(f, LLMEnd) for f in fs))
+            return cached, llm.last
+
+    cached, stats = asyncio.run(run())
+    assert cached.endswith("<|im_start|>user\nWhat is the opposite of")
+    # the reply evaluated only " up?" and the turn's end (~7 tokens), not the caller's words
+    rest = llm._tokenize(" up?<|im_end|>\n<|im_start|>assistant\n")
+    assert stats is not None and stats.evaluated <= len(rest) + 1, stats
+
+
 class _ReplyOfMarks:
     """A model that answers with punctuation only: "…", the interrupted mark it was shown
     (SmolLM2 does that when the history ends with a reply that is the mark alone)."""
