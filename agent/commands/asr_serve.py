@@ -108,7 +108,8 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
     from agent.runtime import event_loop_name, freeze_after_warmup, keep_heap_trimmed
     from stages.asr.local_socket import group_id
     from stages.asr.server import ASRServer
-    from stages.asr.stage import make_engine
+    from stages.asr.stage import make_engine, stream_config
+    from stages.asr.wire import SAMPLE_RATE as RATE
     from transports.auth import TokenAuth
 
     group = group_id(args.socket_group) if args.socket_group else None
@@ -124,10 +125,7 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
     speakers = _speaker_tools(args, cfg) if args.diarize else None  # a missing model fails now
     backend.warmup()
     engine = make_engine(backend, cfg.asr)
-    server = ASRServer(engine, partial_interval_ms=cfg.asr.partial_interval_ms,
-                       partial_share=cfg.asr.partial_share, end_pad_ms=cfg.asr.end_pad_ms,
-                       max_utterance_s=cfg.asr.max_utterance_s,
-                       commit_after_s=cfg.asr.commit_after_s, language=cfg.asr.language,
+    server = ASRServer(engine, stream=stream_config(cfg.asr, RATE), language=cfg.asr.language,
                        max_file_s=args.max_audio_seconds,
                        max_streams=args.max_streams_per_connection)
     server.speakers = speakers

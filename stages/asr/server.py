@@ -34,16 +34,7 @@ from stages.asr.engine_share import EngineShare
 from stages.asr.local_socket import Peer, PeerPolicy
 from stages.asr.long_audio import joined, transcribe_long
 from stages.asr.slots import Slot
-from stages.asr.stream import (
-    END_PAD_MS,
-    ASRStream,
-    Cancel,
-    Failure,
-    Kind,
-    Request,
-    Result,
-    StreamConfig,
-)
+from stages.asr.stream import ASRStream, Cancel, Failure, Kind, Request, Result, StreamConfig
 from stages.asr.wire import (
     Audio,
     End,
@@ -90,8 +81,8 @@ class ASRServer:
     so it gets the same partials (with stable prefixes), speculative results and finals. With
     OPEN ``{"events": true}`` the client sends its VAD's events and gets a FINAL per utterance
     (and END once everything is delivered); without, the whole stream is one utterance, and its
-    one FINAL comes at END. Past ``max_utterance_s`` an utterance is cut at a quiet point, so a
-    stream may be any length. Whole files (OPEN ``{"file": true}`` or a shared-memory segment)
+    one FINAL comes at END. Past the longest utterance (``stream.max_utterance``) it is cut at
+    a quiet point, so a stream may be any length. Whole files (OPEN ``{"file": true}`` or a shared-memory segment)
     are cut into chunks and transcribed as batches.
 
     Limits, per connection unless said: ``max_streams`` open at once (default half the slots, so
@@ -108,11 +99,7 @@ class ASRServer:
         self,
         engine: ASREngine,
         *,
-        partial_interval_ms: int = 400,
-        partial_share: float = 0.0,
-        end_pad_ms: int = END_PAD_MS,
-        max_utterance_s: float = 25.0,
-        commit_after_s: float = 6.0,
+        stream: StreamConfig | None = None,
         max_message: int = wire.MAX_MESSAGE,
         max_file_s: float = 3600.0,
         language: str = "en",
@@ -122,9 +109,9 @@ class ASRServer:
         max_buffered_total_mb: float = 512.0,
     ) -> None:
         self.engine = engine
-        self.stream_cfg = StreamConfig.from_ms(
-            RATE, partial_interval_ms, max_utterance_s, commit_after_s,
-            partial_share=partial_share, end_pad_ms=end_pad_ms).fitting(engine.pool.slot_samples)
+        # each connection's stream limits (asr-serve: stages.asr.stage.stream_config of its
+        # [asr] settings), the longest utterance shortened to fit the engine's slots
+        self.stream_cfg = (stream or StreamConfig()).fitting(engine.pool.slot_samples)
         self.max_message = max_message
         self.max_file_samples = int(max_file_s * RATE)
         self.language = language

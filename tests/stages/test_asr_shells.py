@@ -24,7 +24,7 @@ from stages.asr import wire
 from stages.asr.backend import ASRCapabilities, BatchCost, Hypothesis
 from stages.asr.engine import ASREngine
 from stages.asr.server import ASRServer
-from stages.asr.stage import StreamingASR, ring_seconds
+from stages.asr.stage import StreamingASR, ring_seconds, stream_config
 
 SR = 16_000
 FRAME = 320
@@ -248,8 +248,7 @@ async def run_stage_shell(case: Case, backend: WordBackend):
 async def run_server_shell(case: Case, backend: WordBackend, tmp_path):
     cfg = config(case)
     engine = ASREngine(backend, capacity=1, window_ms=0, max_seconds=ring_seconds(cfg))
-    server = ASRServer(engine, partial_interval_ms=cfg.partial_interval_ms,
-                       max_utterance_s=cfg.max_utterance_s, commit_after_s=cfg.commit_after_s)
+    server = ASRServer(engine, stream=stream_config(cfg, SR))  # as the stage shell's
     path = str(tmp_path / "asr.sock")
     await server.start_unix(path)
     reader, writer = await asyncio.open_unix_connection(path)
