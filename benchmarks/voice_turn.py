@@ -62,6 +62,9 @@ MODES = {
     "semantic": {},  # the defaults
     # the defaults without the TTS phrase cache (every first chunk synthesized anew)
     "semantic-nocache": {"tts.cache_words": 0},
+    # the defaults with the Piper session before 2026-12-05: onnxruntime's own default pool (a
+    # thread per core that spins while it waits)
+    "semantic-ortpool": {"tts.threads": 0},
     # the defaults with the end pad before 2026-12-04's change: the speculative transcript
     # reads 100 ms after Silero's pause instead of 40
     "semantic-pad100": {"asr.end_pad_ms": 100},
@@ -86,8 +89,14 @@ def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
     mode turns it off."""
     from agent.presets import load_tools
 
+    tts = models.tts
+    if cfg.tts.threads != Config().tts.threads:  # a mode's own Piper session: a voice of its own
+        from agent.presets import backend_class
+
+        tts = backend_class("tts", cfg.tts.backend)(cfg.tts)
+        tts.warmup()
     return dataclasses.replace(models, tools=load_tools(cfg, models.llm),
-                               tts=with_phrase_cache(models.tts, cfg.tts))
+                               tts=with_phrase_cache(tts, cfg.tts))
 
 
 async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarray | None = None) -> dict:

