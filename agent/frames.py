@@ -69,9 +69,12 @@ class SpeechPaused(Frame):
 
     A hint that ``SpeechStopped`` follows unless speech resumes within the hysteresis; the ASR
     uses it to start transcribing the utterance before the end of speech is confirmed.
+    ``voice_end``: where the voice itself stopped (the end of the utterance's last frame within
+    35 dB of its loudest, a window or three before ``at``), or -1 where the VAD cannot tell.
     """
 
     at: int
+    voice_end: int = -1
 
 
 @dataclass(slots=True, frozen=True)

@@ -65,6 +65,9 @@ MODES = {
     # the defaults with the Piper session before 2026-12-05: onnxruntime's own default pool (a
     # thread per core that spins while it waits)
     "semantic-ortpool": {"tts.threads": 0},
+    # the defaults with a new model call at every pause, as before 2026-12-05: no partial with
+    # the model stands for the pause's transcript
+    "semantic-noadopt": {"asr.adopt_partials": False},
     # the defaults with the end pad before 2026-12-04's change: the speculative transcript
     # reads 100 ms after Silero's pause instead of 40
     "semantic-pad100": {"asr.end_pad_ms": 100},
@@ -143,6 +146,7 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
             "tool_calls": llm.tool_calls, "fillers": llm.fillers,
             "speculations": llm.speculations, "adopted": llm.adopted,
             "false_interrupts": turn.false_interrupts, "interrupts": turn.interrupts,
+            "asr_adopted": stages["asr"].adopted_partials,
             "gaps": session.playout.gaps, "gap_ms": session.playout.gap_samples * 1000 / SAMPLE_RATE}
 
 
@@ -159,7 +163,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     models = mode_models(models, cfg)
     pairs_ls, pairs_all = [], []
     per_clip = []
-    tokens = discarded = specs = adopted = gaps = 0
+    tokens = discarded = specs = adopted = gaps = asr_adopted = 0
     gap_ms = 0.0
     engine = models.asr.stats
     asr_before = (engine.requests, engine.cancelled, engine.abandoned)
@@ -172,6 +176,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         discarded += r["tokens_discarded"]
         specs += r["speculations"]
         adopted += r["adopted"]
+        asr_adopted += r["asr_adopted"]
         gaps += r["gaps"]
         gap_ms += r["gap_ms"]
         hyp = " ".join(r["finals"])
@@ -215,7 +220,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "asr": dict(zip(("calls", "cancelled", "abandoned"),
                         (a - b for a, b in zip((engine.requests, engine.cancelled,
                                                 engine.abandoned), asr_before, strict=True)),
-                        strict=True)),
+                        strict=True)) | {"partials_adopted": asr_adopted},
     }
 
 
@@ -272,7 +277,8 @@ def print_table(res: dict) -> None:
               + (f"; TTS phrase cache {r['tts_cache']['hits']} hits, {r['tts_cache']['misses']} "
                  "misses" if r.get("tts_cache") else "")
               + (f"; ASR requests run {r['asr']['calls']}, cancelled before their call "
-                 f"{r['asr']['cancelled']}, stopped after the encoder {r['asr']['abandoned']}"
+                 f"{r['asr']['cancelled']}, stopped after the encoder {r['asr']['abandoned']}, "
+                 f"partials that stood for a pause's transcript {r['asr'].get('partials_adopted', 0)}"
                  if r.get("asr") else ""))
     if "noise" in res and "semantic" in modes:
         clean = modes["semantic"]["spans_ms"].get("vad_eos", {}).get("p95")

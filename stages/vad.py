@@ -441,7 +441,8 @@ class VADStage(Stage):
         if self._paused_at is None:
             if p < cfg.neg_threshold or self._near_bits.bit_count() >= NOISE_QUIET:
                 self._paused_at = start
-                self.push(SpeechPaused(start), DOWN)
+                voice_end = self._loud_end if self._voice_ended() else -1
+                self.push(SpeechPaused(start, voice_end=voice_end), DOWN)
                 self._maybe_stop(end)
             else:
                 self._speech_end, self._speech_end_ns = end, t_ns

@@ -31,7 +31,8 @@ from stages.asr.stream import ASRStream, Failure, Kind, Result, StreamConfig
 
 def stream_config(cfg: ASRConfig, rate: int, partials: bool = True) -> StreamConfig:
     return StreamConfig.from_ms(rate, cfg.partial_interval_ms, cfg.max_utterance_s,
-                                cfg.commit_after_s, partials, cfg.partial_share, cfg.end_pad_ms)
+                                cfg.commit_after_s, partials, cfg.partial_share, cfg.end_pad_ms,
+                                cfg.adopt_partials)
 
 
 def ring_seconds(cfg: ASRConfig, rate: int = 16_000) -> float:
@@ -128,6 +129,10 @@ class StreamingASR(Stage):
         return self._stream.speculative_finals if self._stream is not None else 0
 
     @property
+    def adopted_partials(self) -> int:
+        return self._stream.adopted_partials if self._stream is not None else 0
+
+    @property
     def stream(self) -> ASRStream | None:
         return self._stream
 
@@ -154,7 +159,7 @@ class StreamingASR(Stage):
         elif isinstance(frame, SpeechStarted):
             core.started(frame.at)
         elif isinstance(frame, SpeechPaused):
-            core.paused(frame.at)
+            core.paused(frame.at, frame.voice_end)
         elif isinstance(frame, SpeechStopped):
             core.stopped(frame.at, frame.started_at)
         else:

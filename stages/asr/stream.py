@@ -25,7 +25,8 @@ Scheduling rules (all samples are media samples at the backend's rate):
   ever moving back. Finals re-read the whole utterance (``whole_finals``) for accuracy.
 * ``SpeechPaused`` asks for the utterance up to the pause at once (a *speculative* result, shown
   as a partial); if ``SpeechStopped`` confirms that end, it becomes the final with no further
-  model call.
+  model call. A partial already with the model that was asked after the voice's end
+  (``SpeechPaused.voice_end``) reads the same words: it becomes the speculative call itself.
 * An utterance longer than ``max_utterance`` samples is cut at the quietest point of its last
   3 s: that part is a final of its own (a *segment*), and its text is the prompt of the rest.
 * Each ``SpeechStopped`` gets exactly one final, possibly empty; no partial of an utterance
@@ -48,6 +49,9 @@ from stages.asr.cutting import quietest_point
 
 PRE_ROLL_MS = 200  # audio kept before SpeechStarted.at: the VAD decides a little late
 END_PAD_MS = 40  # audio read after Silero's pause (the end of speech): no last word clipped
+# A partial asked this long after the voice's end (SpeechPaused.voice_end) heard all of it: at
+# the pause it stands for the speculative transcript instead of a new model call.
+VOICE_MARGIN_MS = 20
 # The ring holds the longest utterance plus this much: a transcription waiting behind another
 # call still finds its audio. If it waited longer, it reports an error instead of garbage.
 RING_MARGIN_S = 10.0
@@ -121,15 +125,19 @@ class StreamConfig:
     # committed parts lost words at the cuts (Whisper tiny.en, lockstep: WER 10.8% against
     # 8.1% re-reading the whole utterance). False: a final reads only the uncommitted tail.
     whole_finals: bool = True
+    # A partial with the model at a pause, asked after the voice's end, stands for the pause's
+    # transcript (SpeechPaused.voice_end; False: the pause always asks anew)
+    adopt_partials: bool = True
 
     @classmethod
     def from_ms(cls, rate: int, partial_interval_ms: int, max_utterance_s: float,
                 commit_after_s: float, partials: bool = True, partial_share: float = 0.0,
-                end_pad_ms: int = END_PAD_MS) -> StreamConfig:
+                end_pad_ms: int = END_PAD_MS, adopt_partials: bool = True) -> StreamConfig:
         return cls(rate=rate, partial_interval=max(1, partial_interval_ms * rate // 1000),
                    max_utterance=int(max_utterance_s * rate),
                    commit_after=int(commit_after_s * rate), partials=partials,
-                   partial_share=partial_share, end_pad=max(0, end_pad_ms) * rate // 1000)
+                   partial_share=partial_share, end_pad=max(0, end_pad_ms) * rate // 1000,
+                   adopt_partials=adopt_partials)
 
     @property
     def ring(self) -> int:
@@ -259,6 +267,7 @@ class ASRStream:
         self._ring = ring
         self._pre_roll = PRE_ROLL_MS * cfg.rate // 1000
         self._end_pad = cfg.end_pad
+        self._voice_margin = VOICE_MARGIN_MS * cfg.rate // 1000
         self._end = 0  # media sample after the newest audio in the ring
         self._valid_from = 0  # oldest media sample still in the ring
         self._audio_ns = 0
@@ -279,6 +288,7 @@ class ASRStream:
         self.commits = 0
         self.discarded = 0  # results that arrived too late to be used
         self.speculative_finals = 0  # finals that needed no model call after SpeechStopped
+        self.adopted_partials = 0  # partials that stood for a pause's transcript
         self.flushed = 0  # finals delivered without their model call because the stream ended
         self.errors = 0
 
@@ -330,8 +340,9 @@ class ASRStream:
         self._utt = _Utterance(start=start, started_at=at, commit=start, partial_end=start)
         self._agreement.reset()
 
-    def paused(self, at: int) -> None:
-        """The VAD's speech probability fell at ``at``: SpeechStopped may follow."""
+    def paused(self, at: int, voice_end: int = -1) -> None:
+        """The VAD's speech probability fell at ``at``: SpeechStopped may follow. ``voice_end``
+        (-1: unknown) is where the voice itself stopped, before ``at``."""
         u = self._utt
         if self.closed or u is None:
             return
@@ -340,6 +351,8 @@ class ASRStream:
             return  # already transcribed, or on its way, up to there
         self._drop_speculative(u)  # speech resumed since an earlier pause: out of date
         u.step(Event.PAUSE)
+        if self._adopt_partial(u, want, voice_end):
+            return
         if self._end >= want:
             self._queue_speculative(u, want)
         else:
@@ -446,6 +459,23 @@ class ASRStream:
         self.closed = True
 
     # --- scheduling ----------------------------------------------------------------------------
+    def _adopt_partial(self, u: _Utterance, want: int, voice_end: int) -> bool:
+        """Let the partial with the model stand for the pause's transcript if it reads what that
+        transcript would: the same start and context, and the audio past the voice's end
+        (Silero's pause comes 1-3 windows after it, so a partial asked in between heard every
+        word). Its answer then comes a whole model call sooner than a new request's would."""
+        job = self._running
+        if (voice_end < 0 or not self.cfg.adopt_partials or job is None
+                or job.kind is not Kind.PARTIAL or job.utt is not u
+                or job.epoch != self._epoch or job.start != u.commit
+                or job.start != self._from(u, Kind.SPECULATIVE)
+                or job.end < voice_end + self._voice_margin):
+            return False
+        job.kind = Kind.SPECULATIVE
+        job.end = max(job.end, want)  # what it did not read is quieter than the voice
+        self.adopted_partials += 1
+        return True
+
     def _commit_pending(self, u: _Utterance) -> bool:
         jobs = [self._running] if self._running is not None else []
         return any(j.utt is u and j.kind is Kind.COMMIT for j in (*jobs, *self._queue))

@@ -271,3 +271,94 @@ def test_the_end_pad_sets_what_the_speculative_transcript_and_the_final_read(pad
     d.pump()
     assert len(d.requests) == asked  # the speculative result is the final: no new call
     assert d.finals() == ["alpha bravo charlie delta"]
+
+
+def _held_partial(until: float) -> Driver:
+    """Speech whose voice ends at 1.5 s, partials every 400 ms answered at once, then one
+    asked at ``until`` and held (the model still has it)."""
+    d = Driver(_cfg())
+    audio = speech("alpha bravo charlie delta _ _")
+    last = until - 0.4
+    d.play(audio[: s(last)], events=[(s(0.06), "started", 0)])
+    d.hold = True
+    d.play(audio[s(last) : s(until)], start=s(last))
+    assert [r.kind for r in d.held] == [Kind.PARTIAL] and d.held[0].end == s(until)
+    d.play(audio[s(until) : s(1.8)], start=s(until))
+    return d
+
+
+def test_a_partial_asked_after_the_voice_ended_stands_for_the_pause_transcript():
+    d = _held_partial(1.6)  # the voice ended at 1.5 s
+    partial = d.held[0]
+    asked = len(d.requests)
+    d.core.paused(s(1.7), s(1.5))
+    d.pump()
+    assert len(d.requests) == asked and not d.cancelled  # no new call, the partial kept
+    d.release()
+    spec = [r for r in d.results if r.kind is Kind.SPECULATIVE]
+    assert [r.text for r in spec] == ["alpha bravo charlie delta"]
+    assert spec[0].end == s(1.7) + d.core.cfg.end_pad  # it covers what the pause asked for
+    d.core.stopped(s(1.7), 0)
+    d.pump()
+    assert len(d.requests) == asked  # and it is the final: no call after the stop
+    assert d.finals() == ["alpha bravo charlie delta"]
+    assert d.core.adopted_partials == 1 and partial.kind is Kind.PARTIAL
+
+
+def test_the_final_waits_for_an_adopted_partial_still_with_the_model():
+    d = _held_partial(1.6)
+    asked = len(d.requests)
+    d.core.paused(s(1.7), s(1.5))
+    d.core.stopped(s(1.7), 0)  # the stop comes before the model answers
+    d.pump()
+    assert len(d.requests) == asked and not d.finals()
+    d.release()
+    assert len(d.requests) == asked and d.finals() == ["alpha bravo charlie delta"]
+
+
+@pytest.mark.parametrize("until, voice_end", [(1.2, 1.5), (1.6, 1.59), (1.6, -1)],
+                         ids=["asked-before-the-voice-ended", "within-the-margin", "voice-end-unknown"])
+def test_a_partial_that_may_have_missed_words_is_given_up_at_the_pause(until, voice_end):
+    d = _held_partial(until)
+    partial = d.held[0]
+    d.core.paused(s(1.7), s(voice_end) if voice_end >= 0 else -1)
+    d.pump()
+    spec = [r for r in d.requests if r.kind is Kind.SPECULATIVE]
+    assert d.cancelled == [partial.id] and len(spec) == 1  # a call of its own, as before
+    assert spec[0].end == s(1.7) + d.core.cfg.end_pad
+    assert d.core.adopted_partials == 0
+    d.release()
+    d.core.stopped(s(1.7), 0)
+    d.pump()
+    assert d.finals() == ["alpha bravo charlie delta"]
+
+
+def test_a_partial_of_the_tail_alone_is_not_adopted_for_a_whole_transcript():
+    # after a commit a partial reads only the uncommitted tail, with the committed text as its
+    # prompt: the pause's transcript reads the whole utterance, so it gets its own call
+    d = Driver(_cfg(commit_after_s=1.0))
+    audio = speech("alpha bravo charlie delta _ _")
+    d.play(audio[: s(1.2)], events=[(s(0.06), "started", 0)])
+    assert d.core.commits >= 1
+    d.hold = True
+    d.play(audio[s(1.2) : s(1.8)], start=s(1.2))
+    partial = d.held[0]
+    assert partial.kind is Kind.PARTIAL and partial.start > 0 and partial.end >= s(1.52)
+    d.core.paused(s(1.7), s(1.5))
+    d.pump()
+    assert d.cancelled == [partial.id]
+    assert [r.start for r in d.requests if r.kind is Kind.SPECULATIVE] == [0]
+
+
+def test_adopting_partials_can_be_turned_off():
+    d = Driver(_cfg(adopt_partials=False))
+    audio = speech("alpha bravo charlie delta _ _")
+    d.play(audio[: s(1.2)], events=[(s(0.06), "started", 0)])
+    d.hold = True
+    d.play(audio[s(1.2) : s(1.8)], start=s(1.2))
+    partial = d.held[0]
+    assert partial.kind is Kind.PARTIAL and partial.end == s(1.6)
+    d.core.paused(s(1.7), s(1.5))
+    d.pump()
+    assert d.cancelled == [partial.id] and d.requests[-1].kind is Kind.SPECULATIVE
+    assert d.core.adopted_partials == 0

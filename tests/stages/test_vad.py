@@ -329,6 +329,26 @@ def test_speech_end_time_is_where_the_voice_stopped(model: SileroModel, three_cl
         assert frame_end <= stop.at + WINDOW
 
 
+def test_a_pause_says_where_the_voice_ended(model: SileroModel, three_clips) -> None:
+    # The ASR lets a partial asked after the voice's end stand for the pause's transcript, so a
+    # pause's voice_end must never come after the voice: at each utterance's last pause it is the
+    # energy reference's end (CLIPS) to within a frame or so, and always before the pause.
+    pcm, spans = three_clips
+    out = run(VADStage(VADConfig(), model=model), pcm)
+    last_pause: list[SpeechPaused] = []
+    pause = None
+    for f in out:
+        if isinstance(f, SpeechPaused):
+            pause = f
+            assert f.voice_end == -1 or f.voice_end <= f.at + WINDOW, (f.voice_end, f.at)
+        elif isinstance(f, SpeechStopped):
+            assert pause is not None
+            last_pause.append(pause)
+    assert len(last_pause) == len(spans)
+    for p, (_, end) in zip(last_pause, spans, strict=True):
+        assert end - 160 <= p.voice_end <= end + 480, (p.voice_end / SR, end / SR)
+
+
 def test_three_utterances_with_gaps_match_the_reference(model: SileroModel, three_clips) -> None:
     pcm, spans = three_clips
     out = run(VADStage(VADConfig(), model=model), pcm)
