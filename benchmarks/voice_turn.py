@@ -92,8 +92,9 @@ def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
     mode turns it off."""
     from agent.presets import load_tools
 
-    tts = models.tts
-    if cfg.tts.threads != Config().tts.threads:  # a mode's own Piper session: a voice of its own
+    tts = models.tts.tts if isinstance(models.tts, PhraseCache) else models.tts
+    loaded = getattr(tts, "cfg", None)
+    if loaded is not None and loaded.threads != cfg.tts.threads:  # a voice of the mode's own
         from agent.presets import backend_class
 
         tts = backend_class("tts", cfg.tts.backend)(cfg.tts)

@@ -82,8 +82,8 @@ class ASRServer:
     OPEN ``{"events": true}`` the client sends its VAD's events and gets a FINAL per utterance
     (and END once everything is delivered); without, the whole stream is one utterance, and its
     one FINAL comes at END. Past the longest utterance (``stream.max_utterance``) it is cut at
-    a quiet point, so a stream may be any length. Whole files (OPEN ``{"file": true}`` or a shared-memory segment)
-    are cut into chunks and transcribed as batches.
+    a quiet point, so a stream may be any length. Whole files (OPEN ``{"file": true}`` or a
+    shared-memory segment) are cut into chunks and transcribed as batches.
 
     Limits, per connection unless said: ``max_streams`` open at once (default half the slots, so
     one client never holds them all); ``max_in_engine`` model calls in the engine at once

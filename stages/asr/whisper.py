@@ -292,6 +292,10 @@ class WhisperBackend:
         # one generate call; ~2 ms more).
         return self._decode_wanted(self._model.encode(view), prompts, longest, wanted)[0]
 
+    def _rows(self, encoded: Any, rows: list[int]) -> Any:
+        """These rows of an encoder output, as a StorageView of their own."""
+        return self._ct2.StorageView.from_array(np.ascontiguousarray(np.asarray(encoded)[rows]))
+
     def _decode_wanted(
         self, encoded: Any, prompts: list[str], longest: int,
         wanted: Callable[[], list[bool]] | None,
@@ -305,8 +309,7 @@ class WhisperBackend:
             if not rows:
                 return hyps, None, rows
             if len(rows) < len(prompts):
-                kept = np.ascontiguousarray(np.asarray(encoded)[rows])
-                encoded = self._ct2.StorageView.from_array(kept)
+                encoded = self._rows(encoded, rows)
         results = self._generate(encoded, [prompts[i] for i in rows], longest)
         for i, result in zip(rows, results, strict=True):
             hyps[i] = self._hypothesis(result)
@@ -330,8 +333,7 @@ class WhisperBackend:
         if not keep:
             return hyps
         if len(keep) < encoded.shape[0]:
-            encoded = self._ct2.StorageView.from_array(
-                np.ascontiguousarray(np.asarray(encoded)[keep]))
+            encoded = self._rows(encoded, keep)
         rows = [decoded[j] for j in keep]
         aligned = self._model.align(
             encoded, self._align_start, [list(hyps[i].tokens) for i in rows],
