@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.config import TURN_MODES, Config
+from agent.config import LLM_WEIGHTS, TURN_MODES, Config
 from agent.errors import ConfigError
 from agent.pipeline import Pipeline
 
@@ -86,6 +86,9 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     vad = load(STAGES["vad_model"])(cfg.vad)  # one session; each call forks its own state
     if cfg.turn.mode not in TURN_MODES:  # before any model loads, not at the first call
         raise ConfigError(f"turn.mode: expected one of {', '.join(TURN_MODES)}, got {cfg.turn.mode!r}")
+    if cfg.llm.weights not in LLM_WEIGHTS:
+        raise ConfigError(f"llm.weights: expected one of {', '.join(LLM_WEIGHTS)}, "
+                          f"got {cfg.llm.weights!r}")
     backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
     llm = backend_class("llm", cfg.llm.backend)(cfg.llm) if need_llm else None
     tts = backend_class("tts", cfg.tts.backend)(cfg.tts) if need_tts else None
@@ -100,7 +103,7 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     # last: its worker thread starts only once every other backend loaded without error
     semantic = cfg.turn.mode == "semantic"
-    words = load(STAGES["turn_words"])(cfg.turn) if semantic and cfg.turn.text_check else None
+    words = load(STAGES["turn_words"])(cfg.turn, cfg.llm.weights) if semantic and cfg.turn.text_check else None
     turn = load(STAGES["turn_model"])(cfg.turn) if semantic else None
     return Models(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn, tools=load_tools(cfg, llm),
                   turn_words=words)

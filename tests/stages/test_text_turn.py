@@ -47,8 +47,20 @@ def model() -> TextTurnModel:
         pytest.skip(str(exc))
 
 
+@pytest.fixture(scope="module", params=["q8_0", "shipped"])
+def each_model(request: pytest.FixtureRequest) -> TextTurnModel:
+    """The words model on each encoding of the embedded weights (``[llm] weights``): the
+    margins below hold for both, so rounding does not decide them."""
+    try:
+        return TextTurnModel(weights=request.param)
+    except ModelNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.mark.parametrize("write", [str, plain], ids=["whisper", "plain"])
-def test_whole_sentences_read_finished_and_cut_ones_do_not(model: TextTurnModel, write) -> None:
+def test_whole_sentences_read_finished_and_cut_ones_do_not(each_model: TextTurnModel, write
+                                                           ) -> None:
+    model = each_model
     whole = np.array([model.p_end(write(c["said"] + " " + c["rest"])) for c in CUTS])
     cut = np.array([model.p_end(write(c["said"])) for c in CUTS])
     assert cut.max() < CUT_MAX, cut.round(3)
@@ -63,9 +75,12 @@ def test_trailing_punctuation_is_not_what_is_judged(model: TextTurnModel) -> Non
     for c in CUTS[:4]:
         said = c["said"]
         p = model.p_end(said)
-        # (the same tokens; only the last one is evaluated again, so the float sums may differ)
-        assert model.p_end(said + ".") == pytest.approx(p, rel=0.05, abs=1e-5)
-        assert model.p_end(said + " ,  ") == pytest.approx(p, rel=0.05, abs=1e-5)
+        for closed in (said + ".", said + " ,  "):
+            assert np.array_equal(model.prompt(closed), model.prompt(said))  # the same tokens
+            # Only the last token is evaluated again, alone: llama.cpp's kernels for one token
+            # and for a batch round differently (on the Q8_0 weights up to ~9% of P, measured);
+            # a full stop the model read moves P 3-22 times on these cuts (measured).
+            assert model.p_end(closed) == pytest.approx(p, rel=0.15, abs=1e-5)
     assert model.p_end("") == 0.0 and model.p_end(" ... ") == 0.0
 
 
@@ -199,7 +214,8 @@ SHORT_CUT = ["My name is", "Why should one", "No one who is", "Ten of", "Can you
 
 @pytest.mark.parametrize("write", [str, plain], ids=["whisper", "plain"])
 def test_short_answers_clear_the_short_threshold_and_short_cuts_do_not(
-        model: TextTurnModel, write) -> None:
+        each_model: TextTurnModel, write) -> None:
+    model = each_model
     # Measured (Whisper's style / plain): whole 0.018-0.58 (median 0.11) / 0.013-0.32 (0.067),
     # cut at most 0.0018 in both (median 0.0002 / 0.0004); 4 / 7 of the whole answers are under
     # the long turns' 0.05. The short threshold (0.01) has room of 5x below it; above it the
