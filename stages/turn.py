@@ -156,7 +156,9 @@ class TurnDetector(Stage):
       the words model's P(the message ends here) at or above ``text_threshold``. It is asked
       as soon as the pause's text is known (a speculative or a final transcript), beside the
       turn model. When the sound says finished and the words do not, the turn waits for
-      ``text_wait_ms`` of silence. A turn of at most ``text_short_words`` words needs only
+      ``text_wait_ms`` of silence — or only ``text_near_wait_ms`` when the sound is sure
+      (``text_near_sound``) and the words fall short by little (at least ``text_near_share``
+      of their threshold). A turn of at most ``text_short_words`` words needs only
       ``text_short_threshold``: the LM, reading a message with no context, finds short
       answers ("ten of clubs", "six") barely finished, and short cuts ("my name is", "why
       should one") a hundred times less so. When the sound says unfinished and the words
@@ -213,6 +215,7 @@ class TurnDetector(Stage):
         self.text_scorer = text_scorer if self.scorer is not None and cfg.text_check else None
         self._text_wait = max(0, cfg.text_wait_ms) * SAMPLE_RATE // 1000
         self._sure_wait = max(0, cfg.text_sure_wait_ms) * SAMPLE_RATE // 1000
+        self._near_wait = max(0, cfg.text_near_wait_ms) * SAMPLE_RATE // 1000
         self.turns = 0
         self.interrupts = 0
         self.false_interrupts = 0  # barge-ins whose sound carried no words: the agent resumed
@@ -224,6 +227,7 @@ class TurnDetector(Stage):
         self.text_failures = 0
         self.text_holds = 0  # turns the sound called finished and the words kept open
         self.text_sure_ends = 0  # turns the sound heard as unfinished and the words ended
+        self.text_near_ends = 0  # turns the words held only just, ended after text_near_wait_ms
         self.bot_speaking = False
         # A few recent segments are enough to place a late final; older ones fall off.
         self._segments: deque[Segment] = deque(maxlen=8)
@@ -520,7 +524,12 @@ class TurnDetector(Stage):
         if verdict is not None and verdict >= self.cfg.complete_threshold:
             if words is None:
                 return False  # the words model's answer (or the text to ask about) is coming
-            if words.p >= self._words_threshold(words) or silence >= self._text_wait:
+            threshold = self._words_threshold(words)
+            if words.p >= threshold or silence >= self._text_wait:
+                return True
+            if (verdict >= self.cfg.text_near_sound and silence >= self._near_wait
+                    and words.p >= self.cfg.text_near_share * threshold):
+                self.text_near_ends += 1
                 return True
             if not self._held:
                 self._held = True

@@ -947,6 +947,30 @@ def test_a_short_turn_needs_less_of_the_words(text: str, p: float, held: bool) -
     asyncio.run(main())
 
 
+@pytest.mark.parametrize(("p", "verdict", "wait_ms"), [
+    (0.06, 0.95, 500),  # the words fall short of 0.1 by little, the sound is sure
+    (0.05, 0.8, 500),  # both at their bounds (text_near_share 0.5, text_near_sound 0.8)
+    (0.04, 0.95, 900),  # the words fall short by more: text_wait_ms
+    (0.06, 0.7, 900),  # the sound says finished, not surely
+])
+def test_words_just_short_of_their_threshold_wait_less_when_the_sound_is_sure(
+        p: float, verdict: float, wait_ms: int) -> None:
+    async def main() -> None:
+        text = "four queen of clubs"
+        words = ScriptedWords({text: p})
+        call = words_call(words, verdict=verdict)
+        await call.begin()
+        stop = call.say(900)
+        call.final(text, stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == [] and call.turn.text_holds == 1
+        end = await _silence_until_end(call)
+        assert call.ends() == [text]
+        assert wait_ms * MS <= end - stop.at < (wait_ms + 60) * MS
+        assert call.turn.text_near_ends == (wait_ms == 500)
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(("p", "wait_ms"), [(0.8, 500), (0.5, 500), (0.3, 1500)])
 def test_words_that_are_sure_end_a_turn_the_sound_heard_as_unfinished(p: float, wait_ms: int
                                                                      ) -> None:
