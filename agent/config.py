@@ -126,7 +126,7 @@ class TurnConfig:
     text_sure_wait_ms: int = 500
     # Words just under their threshold — at least text_near_share of it — with the sound at
     # or above text_near_sound end a turn after text_near_wait_ms of silence, not
-    # text_wait_ms ("Four queen of clubs": the words 0.047 against 0.05, Smart Turn 0.98)
+    # text_wait_ms ("8. The Press Yard.": the words 0.036 against 0.05, Smart Turn 0.9-0.99)
     text_near_share: float = 0.5
     text_near_sound: float = 0.8
     text_near_wait_ms: int = 500

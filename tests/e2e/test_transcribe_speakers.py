@@ -26,7 +26,8 @@ def voxline(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def call(tmp_path_factory):
-    """A call played by ``voxline run``: its stereo recording and what each side said."""
+    """A call played by ``voxline run``: its stereo recording, what the agent said, and every
+    text it began to speak (a reply cut off by a barge-in included)."""
     tmp = tmp_path_factory.mktemp("call")
     src = tmp / "in.wav"
     write_wav(src, np.concatenate([np.zeros(8000, np.int16), speech.load("kittens"),
@@ -35,13 +36,14 @@ def call(tmp_path_factory):
                 "--tail", "8")
     assert r.returncode == 0, r.stderr
     events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-    said = " ".join(e["text"] for e in events if e["type"] == "agent_text" and not e["cancelled"])
+    texts = [e for e in events if e["type"] == "agent_text"]
+    said = " ".join(e["text"] for e in texts if not e["cancelled"])
     assert said.strip(), "the agent said nothing"
-    return tmp / "call.wav", said
+    return tmp / "call.wav", said, " ".join(e["text"] for e in texts)
 
 
 def test_a_call_recording_split_by_channel_puts_each_side_on_its_speaker(call):
-    path, said = call
+    path, said, spoken = call
     r = voxline("transcribe", str(path), "--channels", "split", "--speaker-names", "caller,agent",
                 "--format", "json,srt,vtt,rttm")
     assert r.returncode == 0, r.stderr
@@ -50,11 +52,15 @@ def test_a_call_recording_split_by_channel_puts_each_side_on_its_speaker(call):
           for who in ("caller", "agent")}
     assert set(doc["speakers"]) == {"caller", "agent"}
     assert wer(speech.text("kittens"), by["caller"]) <= 0.15, by
-    # the agent's side is its TTS voice read back by the ASR: most of its words, none of the
-    # caller's (the caller's words never leak onto the agent's channel, nor the other way)
+    # the agent's side is its TTS voice read back by the ASR: most of its words
     agent_words, said_words = set(normalize(by["agent"])), set(normalize(said))
     assert len(agent_words & said_words) >= 0.6 * len(said_words), (by["agent"], said)
-    assert not set(normalize("stray kittens gradually themselves")) & agent_words
+    # and no side's words leak onto the other's channel: words only the agent spoke are not
+    # on the caller's, words only the caller spoke not on the agent's (SmolLM2 sometimes
+    # repeats the caller's sentence, so "only" is counted against everything it spoke)
+    caller_said, agent_spoke = set(normalize(speech.text("kittens"))), set(normalize(spoken))
+    assert not (agent_spoke - caller_said) & set(normalize(by["caller"])), by["caller"]
+    assert not (caller_said - agent_spoke) & agent_words, (by["agent"], spoken)
     starts = [s["start"] for s in doc["segments"]]
     assert starts == sorted(starts)
     # the subtitle files parse with real parsers and carry the same speakers and times
@@ -70,7 +76,7 @@ def test_a_call_recording_split_by_channel_puts_each_side_on_its_speaker(call):
 
 
 def test_speaker_flags_that_do_not_fit_are_refused(call):
-    path, _ = call
+    path = call[0]
     r = voxline("transcribe", str(path), "--channels", "split", "--diarize")
     assert r.returncode == 2 and "use one of them" in r.stderr
     r = voxline("transcribe", str(path), "--speakers", "2")
