@@ -22,6 +22,7 @@ from agent.audio import FROM_INT16
 from agent.config import TurnConfig
 from agent.errors import ModelNotFoundError, require
 from agent.runtime import lower_thread_priority
+from stages.onnx_session import cpu_session
 
 log = logging.getLogger("voxline.smart_turn")
 
@@ -78,15 +79,9 @@ class SmartTurnModel:
                 f"Smart Turn model file not found: {model_path} — pass the path of "
                 f"{MODEL_FILE}, or install the model with `{INSTALL}`"
             )
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, threads)
-        opts.inter_op_num_threads = 1
-        # A call every few hundred ms per caller: spinning threads would burn a core between them.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.path = model_path
-        self._session: Any = ort.InferenceSession(
-            str(model_path), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        # A call every few hundred ms per caller: spinning threads would burn a core between them.
+        self._session: Any = cpu_session(ort, model_path, max(1, threads))
         self._mel = mel.FeatureExtractor(feature_size=MEL_BINS, sampling_rate=SAMPLE_RATE)
         self._window = np.zeros(WINDOW_SAMPLES, dtype=np.float32)
         self._lock = threading.Lock()

@@ -26,6 +26,7 @@ from agent.frames import (
     SpeechStopped,
 )
 from agent.stage import DOWN, Stage
+from stages.onnx_session import cpu_session
 
 WINDOW = 512  # samples per model call at 16 kHz (32 ms): the only size Silero v5+ accepts
 CONTEXT = 64  # trailing samples of the previous window the model sees before each window
@@ -92,15 +93,9 @@ class SileroModel:
         model_path = Path(path) if path else silero_model_path()
         if not model_path.is_file():
             raise ModelNotFoundError(f"Silero VAD model file not found: {model_path}")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, cfg.threads)
-        opts.inter_op_num_threads = 1
-        # Many small calls: spinning worker threads would burn a core between windows.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.path = model_path
-        self._session: Any = ort.InferenceSession(
-            str(model_path), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        # Many small calls: spinning worker threads would burn a core between windows.
+        self._session: Any = cpu_session(ort, model_path, max(1, cfg.threads))
         self._ort = ort
         self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
         self._bind_buffers()

@@ -15,6 +15,7 @@ import numpy as np
 
 from agent.audio import FROM_INT16
 from agent.errors import ConfigError, ModelNotFoundError, require
+from stages.onnx_session import cpu_session
 from stages.speaker import features
 from stages.speaker.export import SOURCES, ensure_export
 
@@ -49,14 +50,8 @@ class Embedder:
                 f"speaker-embedding model not found: {self.path} — pass an exported .onnx file, "
                 "or 'campplus' / 'ge2e' for the weights pip packages ship"
             )
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, threads)
-        opts.inter_op_num_threads = 1
         # diarization calls it in bursts between other work: idle threads must not spin
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session: Any = ort.InferenceSession(
-            str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        self._session: Any = cpu_session(ort, self.path, max(1, threads))
         inp = self._session.get_inputs()[0]
         self._input = inp.name
         if frontend is None:

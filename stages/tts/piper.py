@@ -12,6 +12,7 @@ import numpy as np
 
 from agent.config import TTSConfig
 from agent.errors import ModelNotFoundError, require
+from stages.onnx_session import cpu_session
 
 
 def joe_voice_path() -> Path:
@@ -34,13 +35,7 @@ def _session(model_path: Path, threads: int) -> Any:
     spinning while it waits). That pool shares 2 cores badly: beside one busy core a short
     chunk took 2.2x as long (benchmarks/tts_contention.py)."""
     ort = require("onnxruntime", what="the Piper TTS", extra="embedded")
-    opts = ort.SessionOptions()
-    if threads > 0:
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(model_path), sess_options=opts,
-                                providers=["CPUExecutionProvider"])
+    return cpu_session(ort, model_path, threads)
 
 
 def _load_voice(piper: Any, model_path: Path, config_path: Path, threads: int) -> Any:
