@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -115,15 +116,25 @@ def test_many_lines_in_one_chunk_parse_in_linear_time() -> None:
     # lines: ~9 s); this one takes 4.1-4.4 times. The bar sits between, on CPU time of this
     # thread (what other processes do to the wall clock does not count). An absolute bar (3 s
     # for 400,000) failed on that slower CPU under the suite's load (3.8 s), linear as it was.
+    # Each size is the best of two, so one slow pass (a sibling core compiling beside it: the
+    # bar failed once so, and passed on the rerun) does not decide; and the collector is off
+    # while a parse is timed, its passes over the events alive being Python's cost, not the
+    # parser's (4.1 -> 3.9 times here).
     def cost(n: int) -> float:
-        t0 = time.thread_time()
-        events = SSEParser().feed(b"data: x\n\n" * n)
-        elapsed = time.thread_time() - t0
+        data = b"data: x\n\n" * n
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.thread_time()
+            events = SSEParser().feed(data)
+            elapsed = time.thread_time() - t0
+        finally:
+            gc.enable()
         assert len(events) == n
         return elapsed
 
     small = min(cost(50_000) for _ in range(2))
-    large = cost(200_000)
+    large = min(cost(200_000) for _ in range(2))
     assert large < 7 * small, f"50,000 lines {small:.3f} s, 200,000 lines {large:.3f} s"
 
 
