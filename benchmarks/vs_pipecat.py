@@ -205,6 +205,7 @@ class Mark:
     eov_ns: int | None = None
     after_s: dict[str, float] = field(default_factory=dict)
     talked_over: bool = False  # agent audio went out before the caller's voice had ended
+    spans_ms: dict[str, float] = field(default_factory=dict)  # voxline's trace of the turn
 
     def stamp(self, event: str) -> None:
         if self.eov_ns is not None and event not in self.after_s:
@@ -401,10 +402,14 @@ class VoxlineSystem:
         session.listen(lambda _frame: mark.stamp("turn_end"), frozenset({UserTurnEnded}))
 
         def on_turn(record: dict[str, Any]) -> None:
-            """voxline's own trace of the turn: its voice_to_voice, a cross-check of ours."""
-            span = record.get("spans", {}).get("voice_to_voice")
-            if span is not None and mark.eov_ns is not None:
-                mark.after_s.setdefault("trace_v2v", span["ms"] / 1000)
+            """voxline's own trace of the turn: its voice_to_voice, a cross-check of ours, and
+            the stages' spans of that turn (where its time went)."""
+            spans = record.get("spans", {})
+            span = spans.get("voice_to_voice")
+            if span is not None and mark.eov_ns is not None and "trace_v2v" not in mark.after_s:
+                mark.after_s["trace_v2v"] = span["ms"] / 1000
+                mark.spans_ms = {name: round(sp["ms"], 1) for name, sp in spans.items()
+                                 if isinstance(sp, dict) and sp.get("ms") is not None}
 
         session.trace.listeners.append(on_turn)
 
@@ -460,7 +465,8 @@ async def run_level(system: PipecatSystem | VoxlineSystem, clips: list[Clip],
             calls.append({"line": index, "clip": clip.id, "v2v_s": mark.after_s.get("audio"),
                           "turn_end_s": mark.after_s.get("turn_end"),
                           "trace_v2v_s": mark.after_s.get("trace_v2v"),
-                          "talked_over": mark.talked_over, "audio_s": clip.duration_s + tail_s})
+                          "talked_over": mark.talked_over, "audio_s": clip.duration_s + tail_s,
+                          **({"spans_ms": mark.spans_ms} if mark.spans_ms else {})})
 
     cpu0, t0 = own_cpu_s(), time.monotonic()
     await asyncio.gather(*(line(i, spec) for i, spec in enumerate(lines)))
@@ -624,6 +630,15 @@ def nearest_rank(lat: list[float | None], q: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def span_medians(calls: list[dict[str, Any]]) -> dict[str, float]:
+    """voxline's trace spans (its answered turns), median per stage, in ms."""
+    named: dict[str, list[float]] = {}
+    for c in calls:
+        for name, ms in c.get("spans_ms", {}).items():
+            named.setdefault(name, []).append(ms)
+    return {name: round(float(np.median(v)), 1) for name, v in named.items()}
+
+
 def level_stats(r: dict[str, Any], server_cpu_s: float, heard: set[str]) -> dict[str, Any]:
     """Latency over the calls on ``heard`` clips (those every system answered alone), CPU over
     every call of the level."""
@@ -637,6 +652,7 @@ def level_stats(r: dict[str, Any], server_cpu_s: float, heard: set[str]) -> dict
         "talked_over": sum(c["talked_over"] for c in scored),
         "p50_s": nearest_rank(lat, 50), "p95_s": nearest_rank(lat, 95),
         "turn_end_p50_s": float(np.median(turn_end)) if turn_end else None,
+        **({"spans_p50_ms": spans} if (spans := span_medians(scored)) else {}),
         "cpu_s_per_call_min": (r["cpu_s"] + server_cpu_s) / minutes,
         "worker_cpu_s_per_call_min": r["cpu_s"] / minutes,
         "server_cpu_s_per_call_min": server_cpu_s / minutes,
@@ -781,6 +797,11 @@ def print_table(res: dict[str, Any]) -> None:
               + "".join(f"{s['max_calls'][b]:>13}" for b in bars))
     print("CPU-s/call-min: (worker process + llama server). turn end: the framework's end-of-turn "
           "decision, after the end of voice")
+    for kind, s in sy.items():
+        spans = s["levels"][str(first)].get("spans_p50_ms")
+        if spans:
+            print(f"({kind})'s own trace, median ms: "
+                  + ", ".join(f"{name} {ms:.0f}" for name, ms in spans.items()))
     print(f"\n{'calls':<8}" + "".join(f"{'(' + k + ') p50 / p95 s':>20}" for k in sy))
     for level in res["levels"]:
         cells = [("worker died" if "died" in lv else f"{num(lv['p50_s'])} / {num(lv['p95_s'])}")
