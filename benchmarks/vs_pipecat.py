@@ -404,12 +404,10 @@ class VoxlineSystem:
         def on_turn(record: dict[str, Any]) -> None:
             """voxline's own trace of the turn: its voice_to_voice, a cross-check of ours, and
             the stages' spans of that turn (where its time went)."""
-            spans = record.get("spans", {})
-            span = spans.get("voice_to_voice")
-            if span is not None and mark.eov_ns is not None and "trace_v2v" not in mark.after_s:
-                mark.after_s["trace_v2v"] = span["ms"] / 1000
-                mark.spans_ms = {name: round(sp["ms"], 1) for name, sp in spans.items()
-                                 if isinstance(sp, dict) and sp.get("ms") is not None}
+            spans = record["spans"]  # (agent.trace: every span has its "ms")
+            if "voice_to_voice" in spans and mark.eov_ns is not None and not mark.spans_ms:
+                mark.after_s["trace_v2v"] = spans["voice_to_voice"]["ms"] / 1000
+                mark.spans_ms = {name: round(sp["ms"], 1) for name, sp in spans.items()}
 
         session.trace.listeners.append(on_turn)
 

@@ -1,6 +1,6 @@
-"""The onnxruntime sessions of voxline's small CPU models (Smart Turn, Piper, the speaker
-embedders): each shares the cores with other models between calls, so its idle threads must
-sleep, not spin."""
+"""The onnxruntime sessions of voxline's small CPU models (Silero VAD, Smart Turn, Piper, the
+speaker embedders): each shares the cores with other models between calls, so its idle threads
+must sleep, not spin."""
 
 from __future__ import annotations
 
