@@ -239,7 +239,10 @@ async def play(pcm: np.ndarray, eov_frame: int, tail_s: float, mark: Mark,
 
 class PipecatSystem:
     """A pipecat 1.x voice bot per call: VAD → STT → user turn → LLM → TTS → sink →
-    assistant context."""
+    assistant context. (b)'s service transcribes at voxline's VAD pauses unless
+    ``--stt-no-pauses``."""
+
+    stt_pauses = True
 
     def __init__(self, kind: str, llm_url: str, cfg: Config) -> None:
         from loguru import logger
@@ -313,7 +316,7 @@ class PipecatSystem:
         else:
             from stages.adapters.pipecat_stt import VoxlineSTTService
 
-            stt = VoxlineSTTService(asr_config=self.cfg.asr)
+            stt = VoxlineSTTService(asr_config=self.cfg.asr, pauses=self.stt_pauses)
         llm_cfg = self.cfg.llm
         llm = self.llm_service(
             api_key="none", base_url=self.llm_url,
@@ -686,6 +689,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {
         "benchmark": "vs_pipecat", "bars_s": args.bars, "tail_s": args.tail_s, "seed": args.seed,
         "server_prefill": args.server_prefill, "server_cache": args.server_cache,
+        "stt_pauses": not args.stt_no_pauses,
         "clips": [asdict(c) for c in clips], "levels": args.levels, "cores": os.cpu_count(),
         "llm": {"server": "llama_cpp.server", "model": f"SmolLM2-135M-Instruct {encoding}",
                 "max_tokens": cfg.llm.max_tokens, "temperature": cfg.llm.temperature,
@@ -717,8 +721,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for kind in args.systems:  # one at a time: a model loading must not slow a warm-up
                 t = time.monotonic()
-                workers[kind] = Worker(kind, url, clips, args.tail_s,
-                                       ("--server-prefill",) if args.server_prefill else ())
+                options = (("--server-prefill",) if args.server_prefill else ()) + (
+                    ("--stt-no-pauses",) if args.stt_no_pauses else ())
+                workers[kind] = Worker(kind, url, clips, args.tail_s, options)
                 res["systems"][kind]["ready_s"] = time.monotonic() - t
                 say(f"[{kind}] {SYSTEMS[kind]}: ready in {time.monotonic() - t:.1f} s")
             # The first level plays every clip. A clip some system never answers even alone (its
@@ -841,10 +846,14 @@ def main() -> int:
                     help="the server keeps earlier prompts' states in RAM (llama_cpp.server "
                          "--cache), so calls do not evict each other's prompt (no gain measured "
                          "at 3-4 calls on 2 cores: benchmarks/RESULTS.md)")
+    ap.add_argument("--stt-no-pauses", action="store_true",
+                    help="(b) without VoxlineSTTService's pauses: the final is asked at pipecat's "
+                         "VAD stop")
     ap.add_argument("--worker", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     ap.add_argument("--llm-url", help=argparse.SUPPRESS)
     args = ap.parse_args()
     VoxlineSystem.server_prefill = args.server_prefill
+    PipecatSystem.stt_pauses = not args.stt_no_pauses
     if args.worker:
         # the protocol keeps stdout's file; anything else printing to stdout goes to stderr
         out = os.fdopen(os.dup(1), "w")

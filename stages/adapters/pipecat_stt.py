@@ -14,6 +14,15 @@ moment speech stopped, less the VAD's ``stop_secs``). A ``UserStoppedSpeakingFra
 ended) or an ``STTMuteFrame`` while an utterance is open finalises it there. Interruptions do
 not touch the user's audio: the utterance in progress goes on.
 
+Pauses (``pauses``, on where onnxruntime is installed): pipecat's VAD says the user stopped only
+once ``stop_secs`` of silence have passed, and a final asked then is a whole model call later
+still. So the service also runs voxline's VAD (Silero, the file pipecat ships) over the audio it
+transcribes, for its pauses alone — where the probability falls, 1-3 windows after the voice —
+and transcribes the utterance up to there at once, as a voxline call does (a partial already
+with the model that heard the voice's end stands for it). When pipecat's stop comes for the same
+moment, that transcript is the final: it is there when the stop comes, or on its way. Starts and
+stops stay pipecat's; a pause whose user goes on only costs the model call.
+
 Frames out: ``InterimTranscriptionFrame`` for each partial and a finalized
 ``TranscriptionFrame`` per utterance (an utterance longer than ``asr.max_utterance_s`` also gets
 non-finalized transcription frames for the parts cut off it). ``frame.result`` is a
@@ -34,11 +43,12 @@ import threading
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from agent.config import ASRConfig
-from agent.errors import CapacityError, require
+from agent.config import ASRConfig, VADConfig
+from agent.errors import CapacityError, MissingExtraError, require
 
 require("pipecat.services.stt_service", what="voxline's pipecat STT service", extra="pipecat",
         package="pipecat-ai")
@@ -62,12 +72,16 @@ from pipecat.services.settings import STTSettings  # noqa: E402
 from pipecat.services.stt_service import STTService  # noqa: E402
 from pipecat.utils.time import time_now_iso8601  # noqa: E402
 
+from agent.frames import AudioIn, SpeechPaused, SpeechResumed, SpeechStarted  # noqa: E402
+from agent.frames import Frame as AgentFrame  # noqa: E402
+from agent.stage import DOWN, Direction, Stage  # noqa: E402
 from stages.asr.driver import StreamDriver  # noqa: E402
 from stages.asr.engine import ASREngine  # noqa: E402
 from stages.asr.slots import Slot  # noqa: E402
 from stages.asr.stage import make_engine, stream_config  # noqa: E402
 from stages.asr.stream import ASRStream, Failure, Kind, Result  # noqa: E402
 from stages.asr.stream_client import ServedStream  # noqa: E402
+from stages.vad import SileroModel, VADStage, silero_model_path  # noqa: E402
 
 RATE = 16_000  # the engine's rate: the VAD events' and results' sample offsets
 # Speech end to final transcript, p99, for pipecat's turn strategies (STTMetadataFrame): a final
@@ -79,9 +93,14 @@ FINISH_TIMEOUT_S = 5.0
 # may not count towards it: the utterance starts this much earlier still (the stream core adds
 # its own 200-ms pre-roll)
 START_LOOKBACK_S = 0.3
+# pipecat's stop is for the pause voxline's VAD heard if it puts the speech's end at most this
+# much after it (its VAD's confidence, 0.7 by default, falls sooner than Silero's 0.35 pause; its
+# end is stop_secs before the frame that says so, give or take its smoothing)
+PAUSE_MATCH_S = 0.25
 
 _engines: dict[tuple, ASREngine] = {}
 _engines_lock = threading.Lock()
+_pause_models: dict[str, SileroModel | None] = {}
 
 
 def shared_engine(cfg: ASRConfig | None = None) -> ASREngine:
@@ -99,6 +118,47 @@ def shared_engine(cfg: ASRConfig | None = None) -> ASREngine:
             backend.warmup()
             engine = _engines[key] = make_engine(backend, cfg)
         return engine
+
+
+def _pause_model() -> SileroModel | None:
+    """The process's Silero model for the services' pauses (each service forks it: one session,
+    a stream's state each), or None without onnxruntime (said once). The file is silero-vad's
+    where that is installed, else the same file inside pipecat."""
+    with _engines_lock:
+        if "silero" not in _pause_models:
+            try:
+                path = silero_model_path()
+            except MissingExtraError:
+                import pipecat.audio.vad as pipecat_vad
+
+                path = Path(pipecat_vad.__file__).parent / "data" / "silero_vad.onnx"
+            try:
+                _pause_models["silero"] = SileroModel(VADConfig(), path)
+            except MissingExtraError as exc:
+                _pause_models["silero"] = None
+                logger.info(f"voxline STT: no pauses, finals are asked at pipecat's VAD stops "
+                            f"({exc})")
+        return _pause_models["silero"]
+
+
+class _Pauses(Stage):
+    """voxline's VAD over a service's audio, for its pause events: they collect in ``events``."""
+
+    def __init__(self, model: SileroModel) -> None:
+        super().__init__("pauses")
+        self.events: list[SpeechStarted | SpeechPaused | SpeechResumed] = []
+        self.vad = VADStage(VADConfig(), model.fork())
+        self.vad.link(self)
+
+    def process(self, frame: AgentFrame, direction: Direction) -> None:
+        if isinstance(frame, SpeechStarted | SpeechPaused | SpeechResumed):
+            self.events.append(frame)
+
+    def feed(self, pcm: np.ndarray, offset: int, t_ns: int
+             ) -> list[SpeechStarted | SpeechPaused | SpeechResumed]:
+        self.vad.process(AudioIn(pcm, offset, t_ns=t_ns), DOWN)
+        events, self.events = self.events, []
+        return events
 
 
 @dataclass(slots=True, frozen=True)
@@ -122,14 +182,18 @@ class VoxlineSTTService(STTService):
 
     ``engine``: an :class:`ASREngine` to use (else the process's :func:`shared_engine` for
     ``asr_config``); ``socket_path``: stream to ``voxline asr-serve`` at that socket instead
-    (``""``: its default path). Other keyword arguments go to pipecat's ``STTService``.
+    (``""``: its default path). ``pauses``: transcribe at voxline's VAD pauses (see the module;
+    None: where onnxruntime is installed, True: required). Other keyword arguments go to
+    pipecat's ``STTService``.
     """
 
     def __init__(self, *, engine: ASREngine | None = None, socket_path: str | None = None,
-                 asr_config: ASRConfig | None = None,
+                 asr_config: ASRConfig | None = None, pauses: bool | None = None,
                  finish_timeout_s: float = FINISH_TIMEOUT_S, **kwargs) -> None:  # noqa: ANN003
         if engine is not None and socket_path is not None:
             raise ValueError("give an engine or an asr-serve socket_path, not both")
+        if pauses:
+            require("onnxruntime", what="the pauses of voxline's STT service", extra="embedded")
         cfg = asr_config or ASRConfig()
         kwargs.setdefault("ttfs_p99_latency", TTFS_P99_S)
         kwargs.setdefault("settings", STTSettings(
@@ -148,12 +212,25 @@ class VoxlineSTTService(STTService):
         self._served: ServedStream | None = None
         self._out: asyncio.Queue[Frame | _Problem | None] = asyncio.Queue()
         self._pusher: asyncio.Task | None = None
+        # finals of the in-process stream that were the pause's transcript (no model call after
+        # pipecat's stop), and partials that stood for a pause's transcript
+        self.speculative_finals = 0
+        self.adopted_partials = 0
+        self.pauses_transcribed = 0  # voxline's VAD pauses inside pipecat's utterances
+        self._want_pauses = pauses
+        self._pauses: _Pauses | None = None
+        self._paused_at: int | None = None  # the open utterance's pause, if not resumed since
 
     # --- what a test or an operator may look at ------------------------------------------------
     @property
     def engine(self) -> ASREngine | None:
         """The in-process engine this service's stream runs in (None over asr-serve)."""
         return self._engine
+
+    @property
+    def listens_for_pauses(self) -> bool:
+        """Whether voxline's VAD runs beside pipecat's for the pauses (see the module)."""
+        return self._pauses is not None
 
     @property
     def holds_slot(self) -> bool:
@@ -166,6 +243,10 @@ class VoxlineSTTService(STTService):
             self._pusher = self.create_task(self._push_results(), name="voxline_stt_results")
         if self.holds_slot:
             return
+        if self._want_pauses is not False and self._pauses is None:
+            model = await asyncio.to_thread(_pause_model)
+            if model is not None:
+                self._pauses = _Pauses(model)
         if self._socket_path is not None:
             self._served = ServedStream(self._on_result, self._on_stream_error,
                                         socket_path=self._socket_path or None,
@@ -212,6 +293,8 @@ class VoxlineSTTService(STTService):
                     await asyncio.sleep(0.01)
                 core.end_of_stream()  # a final still owed goes out with the best text at hand
                 driver.pump()
+            self.speculative_finals += core.speculative_finals
+            self.adopted_partials += core.adopted_partials
             driver.close()
         if self._served is not None:
             served, self._served = self._served, None
@@ -222,7 +305,9 @@ class VoxlineSTTService(STTService):
             assert self._engine is not None
             self._engine.close_slot(self._slot)
             self._slot = None
-        self._speaking_since = None
+        self._speaking_since = self._paused_at = None
+        if self._pauses is not None:
+            self._pauses = None  # its VAD state belongs to this run of the pipeline
         if self._pusher is not None:
             pusher, self._pusher = self._pusher, None
             if graceful:
@@ -237,14 +322,34 @@ class VoxlineSTTService(STTService):
             audio = await self._resampler.resample(audio, self.sample_rate, RATE)
         n = len(audio) // 2
         if n:
+            pcm = np.frombuffer(audio, dtype="<i2", count=n)
+            now = time.monotonic_ns()
             if self._driver is not None:
-                self._driver.core.audio(np.frombuffer(audio, dtype="<i2", count=n), self._offset,
-                                        time.monotonic_ns())
+                self._driver.core.audio(pcm, self._offset, now)
                 self._driver.pump()
             elif self._served is not None:
                 self._served.audio(audio)
+            if self._pauses is not None:
+                for event in self._pauses.feed(pcm, self._offset, now):
+                    self._vad_event(event)
             self._offset += n
         yield None
+
+    def _vad_event(self, event: SpeechStarted | SpeechPaused | SpeechResumed) -> None:
+        """voxline's VAD paused (or went on): transcribe the open utterance up to the pause."""
+        if not isinstance(event, SpeechPaused):
+            self._paused_at = None
+            return
+        started = self._speaking_since
+        if started is None or event.at < started:
+            return  # no utterance of pipecat's open: nothing to transcribe
+        self._paused_at = event.at
+        self.pauses_transcribed += 1
+        if self._driver is not None:
+            self._driver.core.paused(event.at, event.voice_end)
+            self._driver.pump()
+        elif self._served is not None:
+            self._served.paused(event.at, event.voice_end)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -252,7 +357,11 @@ class VoxlineSTTService(STTService):
             if not self.is_muted:
                 self._speech_started(self._offset - int((frame.start_secs + START_LOOKBACK_S) * RATE))
         elif isinstance(frame, VADUserStoppedSpeakingFrame):
-            self._speech_stopped(self._offset - int(frame.stop_secs * RATE))
+            at = self._offset - int(frame.stop_secs * RATE)
+            paused = self._paused_at
+            if paused is not None and paused < at <= paused + int(PAUSE_MATCH_S * RATE):
+                at = paused  # the same end: the pause's transcript stands for the final
+            self._speech_stopped(at)
         elif isinstance(frame, UserStoppedSpeakingFrame) or (
                 isinstance(frame, STTMuteFrame) and frame.mute):
             self._speech_stopped(self._offset)  # the turn ended (or muted): its transcript now
@@ -272,7 +381,7 @@ class VoxlineSTTService(STTService):
         started = self._speaking_since
         if started is None:
             return
-        self._speaking_since = None
+        self._speaking_since = self._paused_at = None
         at = max(at, started)
         if self._driver is not None:
             self._driver.core.stopped(at, started)

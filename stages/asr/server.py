@@ -438,7 +438,7 @@ class Connection(asyncio.Protocol):
         if msg.event is SpeechEvent.STARTED:
             core.started(msg.at)
         elif msg.event is SpeechEvent.PAUSED:
-            core.paused(msg.at)
+            core.paused(msg.at, msg.voice_end)
         else:
             core.stopped(msg.at, msg.started_at)
         self._pump(stream)

@@ -47,7 +47,7 @@ class _Utterance:
 
 class ServedStream:
     """One caller's stream on asr-serve. Feed :meth:`audio` (PCM16 little-endian, 16 kHz mono)
-    and the VAD's :meth:`started`/:meth:`stopped`; results come to ``on_result`` as
+    and the VAD's :meth:`started`/:meth:`paused`/:meth:`stopped`; results come to ``on_result`` as
     :class:`Result` values (PARTIAL, SPECULATIVE, FINAL or SEGMENT) in the caller's offsets.
     All calls are made on one event loop; none blocks."""
 
@@ -129,6 +129,18 @@ class ServedStream:
         self._pending.append(_Utterance(at))
         if self.served:
             self._send(wire.encode_event(STREAM_ID, wire.SpeechEvent.STARTED, self._rel(at)))
+
+    def paused(self, at: int, voice_end: int = -1) -> None:
+        """The VAD's pause at ``at`` (``voice_end``: where the voice stopped, -1 if not known):
+        the server transcribes the utterance up to there before its end is confirmed. Not kept
+        for a new stream: after an outage the stop asks for the final anyway."""
+        if self._closed or not self._pending or self._pending[-1].stop is not None:
+            return
+        at = min(max(at, 0), self.heard)
+        if at < self._pending[-1].start or not self.served:
+            return
+        end = self._rel(voice_end) if self._pending[-1].start <= voice_end <= at else -1
+        self._send(wire.encode_pause(STREAM_ID, self._rel(at), end))
 
     def stopped(self, at: int, started_at: int | None = None) -> None:
         if self._closed:

@@ -11,7 +11,8 @@ Stream ids are chosen by the client; ``0`` is the connection itself (connection-
 Client → server: OPEN (JSON options), AUDIO (raw PCM16 little-endian mono 16 kHz), END,
 SHM (a shared-memory segment holding PCM16: ``size u64 | samples u64 | name utf-8``), and, on a
 stream opened with ``{"events": true}``, VAD events (``event u8 | at u64 | started_at u64``:
-speech started, paused or stopped at stream sample ``at``).
+speech started, paused or stopped at stream sample ``at``; for STOPPED the second field is where
+the utterance started, for PAUSED where the voice itself stopped plus one — 0: not known).
 Server → client: PARTIAL and FINAL (``end u64 | start u64 | stable u32 | flags u8 | text
 utf-8``: the text covers stream samples ``[start, end)``, its first ``stable`` characters
 (UTF-8 bytes' characters, as Python counts them) never change; flags: SPECULATIVE — a partial
@@ -115,7 +116,12 @@ class VADEvent:
     stream: int
     event: SpeechEvent
     at: int  # stream sample
-    started_at: int = 0  # STOPPED: where that utterance started
+    started_at: int = 0  # STOPPED: where that utterance started; PAUSED: voice_end + 1 (0: unknown)
+
+    @property
+    def voice_end(self) -> int:
+        """PAUSED: where the voice itself stopped (SpeechPaused.voice_end), -1 if not known."""
+        return self.started_at - 1
 
 
 @dataclass(slots=True, frozen=True)
@@ -212,6 +218,11 @@ def encode_shm(stream: int, name: str, size: int, samples: int) -> bytes:
 
 def encode_event(stream: int, event: SpeechEvent, at: int, started_at: int = 0) -> bytes:
     return _frame(Kind.EVENT, stream, _EVENT.pack(event, at, started_at))
+
+
+def encode_pause(stream: int, at: int, voice_end: int = -1) -> bytes:
+    """A PAUSED event at ``at``; ``voice_end`` (-1: unknown) where the voice stopped before it."""
+    return encode_event(stream, SpeechEvent.PAUSED, at, max(voice_end + 1, 0))
 
 
 def _result(kind: Kind, stream: int, text: str, samples: int, start: int, stable: int,

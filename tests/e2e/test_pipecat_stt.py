@@ -75,6 +75,42 @@ def test_a_pipecat_pipeline_transcribes_real_speech_in_the_shared_engine():
     print(f"VAD stop to final: {[round(x, 3) for x in lags]} s; declared p99 {TTFS_P99_S} s")
 
 
+def final_lags(played: Played) -> list[float]:
+    """Seconds from the end of the audio each final covers to its arrival."""
+    return [round(next(t for t, g in played.frames if g is f) - played.fed_at - f.result.end_s, 3)
+            for f in played.finals]
+
+
+def test_the_final_is_the_transcript_asked_at_voxline_s_pause_before_pipecat_s_stop():
+    pcm, ref = call_audio()
+    on, off = VoxlineSTTService(), VoxlineSTTService(pauses=False)
+    played_on, played_off = asyncio.run(play(on, pcm)), asyncio.run(play(off, pcm))
+    check_transcripts(played_on, ref)
+    check_transcripts(played_off, ref)
+    assert on.listens_for_pauses is False and on.pauses_transcribed >= 3  # (off once ended)
+    # the utterances' finals needed no model call after pipecat's stop: they were on their way
+    assert on.speculative_finals >= 2, (on.speculative_finals, final_lags(played_on))
+    assert off.pauses_transcribed == off.speculative_finals == off.adopted_partials == 0
+    print(f"end of audio to final: pauses {final_lags(played_on)} s, "
+          f"without {final_lags(played_off)} s; partials adopted {on.adopted_partials}")
+
+
+def test_a_pause_the_caller_goes_on_after_loses_none_of_the_words():
+    # ~0.5 s between the sentences (the first clip's own quiet end, then 0.2 s): voxline's VAD
+    # pauses there, pipecat's VAD, told to stop after 2 s of silence, goes on
+    pcm, ref = speech.joined(("kittens", "honest"), gap_s=0.2, tail_s=2.5)
+    stt = VoxlineSTTService()
+    played = asyncio.run(play(stt, np.concatenate([np.zeros(8000, np.int16), pcm]),
+                              vad_stop_secs=2.0))
+    assert not played.errors, [e.error for e in played.errors]
+    assert len(played.finals) == 1 and played.finals[0].finalized
+    assert corpus_wer([(ref, played.text)]) <= MAX_WER, (played.text, ref)
+    assert stt.pauses_transcribed >= 2  # the gap's pause, then the end's
+    # the end's pause read the whole utterance (the gap's transcript was out of date once the
+    # caller went on): it is the final
+    assert stt.speculative_finals == 1
+
+
 def test_a_pipecat_pipeline_transcribes_real_speech_through_asr_serve(tmp_path):
     served = Served(tmp_path, "--asr-slots", "1")
     try:

@@ -210,6 +210,48 @@ def test_a_stream_with_vad_events_gets_speculative_partials_and_a_final_per_utte
             stable = p.text[: p.stable]
 
 
+def test_a_served_stream_s_pause_reaches_the_core_with_the_voice_s_end(backend, tmp_path,
+                                                                    monkeypatch):
+    """ServedStream.paused → the wire → the server's stream core, in the stream's offsets: the
+    voice's end is what lets a partial already with the model stand for the pause's call."""
+    from stages.asr.stream import ASRStream
+    from stages.asr.stream_client import ServedStream
+
+    calls = []
+    paused = ASRStream.paused
+
+    def spy(self, at, voice_end=-1):
+        calls.append((at, voice_end))
+        return paused(self, at, voice_end)
+
+    monkeypatch.setattr(ASRStream, "paused", spy)
+
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        errors = []
+        stream = ServedStream(lambda r: None, errors.append, socket_path=path, partials=False)
+        await stream.open()
+        stream.audio(np.zeros(16000, np.int16).tobytes())
+        stream.paused(4000, 3000)  # no utterance open: not sent
+        stream.started(1600)
+        stream.paused(12000, 11000)
+        stream.paused(13000)  # the VAD could not tell
+        stream.paused(14000, 800)  # a voice end before the utterance: not the voice's
+        stream.paused(20000, 15000)  # past the audio sent: at the last sample heard
+        stream.stopped(15000, 1600)
+        stream.paused(15500, 15200)  # after the stop: no utterance open
+        ok = await until_true(lambda: len(calls) >= 4)
+        await asyncio.sleep(0.1)
+        stream.close()
+        await server.close()
+        engine.close()
+        return ok, errors
+
+    ok, errors = asyncio.run(main())
+    assert ok and not errors
+    assert calls == [(12000, 11000), (13000, -1), (14000, -1), (16000, 15000)]
+
+
 def test_many_streams_on_one_connection(backend, pcm, tmp_path):
     async def main():
         engine, server, path = await serve(backend, tmp_path, max_streams=3)

@@ -38,6 +38,15 @@ messages = st.one_of(
 )
 
 
+def test_a_pause_carries_where_the_voice_stopped_and_an_old_pause_reads_as_unknown():
+    new, old = Decoder().feed(wire.encode_pause(1, 7680, 7200) + wire.encode_event(
+        1, SpeechEvent.PAUSED, 7680))
+    assert (new.event, new.at, new.voice_end) == (SpeechEvent.PAUSED, 7680, 7200)
+    assert old.voice_end == -1  # a client that sends no voice end
+    assert Decoder().feed(wire.encode_pause(1, 7680, 0))[0].voice_end == 0
+    assert Decoder().feed(wire.encode_pause(1, 7680))[0].voice_end == -1
+
+
 def test_each_message_round_trips():
     msgs = [
         Open(1, {"partials": False, "file": True}),

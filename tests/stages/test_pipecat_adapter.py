@@ -104,3 +104,25 @@ def test_without_pipecat_the_error_names_the_extra(missing):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert "MissingExtraError" in out.stdout and "pip install 'voxline[pipecat]'" in out.stdout, out
+
+
+def test_pauses_use_pipecat_s_silero_file_without_silero_vad_and_stay_off_without_onnxruntime(
+        monkeypatch):
+    import pipecat.audio.vad
+
+    from agent.errors import MissingExtraError
+    from stages.adapters import pipecat_stt
+
+    def missing(*_args, **_kw):
+        raise MissingExtraError("Silero VAD", "embedded", "silero-vad")
+
+    monkeypatch.setattr(pipecat_stt, "_pause_models", {})
+    monkeypatch.setattr(pipecat_stt, "silero_model_path", missing)
+    model = pipecat_stt._pause_model()
+    assert model is not None
+    assert model.path == Path(pipecat.audio.vad.__file__).parent / "data" / "silero_vad.onnx"
+    assert 0.0 <= model.fork().prob(np.zeros(512, np.float32)) < 0.5
+
+    monkeypatch.setattr(pipecat_stt, "_pause_models", {})
+    monkeypatch.setattr(pipecat_stt, "SileroModel", missing)  # as without onnxruntime
+    assert pipecat_stt._pause_model() is None and pipecat_stt._pause_model() is None
