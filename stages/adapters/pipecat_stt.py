@@ -306,8 +306,7 @@ class VoxlineSTTService(STTService):
             self._engine.close_slot(self._slot)
             self._slot = None
         self._speaking_since = self._paused_at = None
-        if self._pauses is not None:
-            self._pauses = None  # its VAD state belongs to this run of the pipeline
+        self._pauses = None  # its VAD state belongs to this run of the pipeline
         if self._pusher is not None:
             pusher, self._pusher = self._pusher, None
             if graceful:
