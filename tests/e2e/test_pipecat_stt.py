@@ -84,10 +84,17 @@ def final_lags(played: Played) -> list[float]:
 def test_the_final_is_the_transcript_asked_at_voxline_s_pause_before_pipecat_s_stop():
     pcm, ref = call_audio()
     on, off = VoxlineSTTService(), VoxlineSTTService(pauses=False)
-    played_on, played_off = asyncio.run(play(on, pcm)), asyncio.run(play(off, pcm))
+    listening: list[bool] = []
+
+    async def during(stt: VoxlineSTTService) -> None:
+        listening.append(stt.listens_for_pauses)
+
+    played_on = asyncio.run(play(on, pcm, after_audio=lambda: during(on)))
+    played_off = asyncio.run(play(off, pcm, after_audio=lambda: during(off)))
     check_transcripts(played_on, ref)
     check_transcripts(played_off, ref)
-    assert on.listens_for_pauses is False and on.pauses_transcribed >= 3  # (off once ended)
+    assert listening == [True, False] and not on.listens_for_pauses  # its VAD went with the run
+    assert on.pauses_transcribed >= 3
     # the utterances' finals needed no model call after pipecat's stop: they were on their way
     assert on.speculative_finals >= 2, (on.speculative_finals, final_lags(played_on))
     assert off.pauses_transcribed == off.speculative_finals == off.adopted_partials == 0
