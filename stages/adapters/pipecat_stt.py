@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +101,6 @@ PAUSE_MATCH_S = 0.25
 
 _engines: dict[tuple, ASREngine] = {}
 _engines_lock = threading.Lock()
-_pause_models: dict[str, SileroModel | None] = {}
 
 
 def shared_engine(cfg: ASRConfig | None = None) -> ASREngine:
@@ -120,45 +120,41 @@ def shared_engine(cfg: ASRConfig | None = None) -> ASREngine:
         return engine
 
 
+@functools.cache
 def _pause_model() -> SileroModel | None:
     """The process's Silero model for the services' pauses (each service forks it: one session,
     a stream's state each), or None without onnxruntime (said once). The file is silero-vad's
     where that is installed, else the same file inside pipecat."""
-    with _engines_lock:
-        if "silero" not in _pause_models:
-            try:
-                path = silero_model_path()
-            except MissingExtraError:
-                import pipecat.audio.vad as pipecat_vad
+    try:
+        path = silero_model_path()
+    except MissingExtraError:
+        import pipecat.audio.vad as pipecat_vad
 
-                path = Path(pipecat_vad.__file__).parent / "data" / "silero_vad.onnx"
-            try:
-                _pause_models["silero"] = SileroModel(VADConfig(), path)
-            except MissingExtraError as exc:
-                _pause_models["silero"] = None
-                logger.info(f"voxline STT: no pauses, finals are asked at pipecat's VAD stops "
-                            f"({exc})")
-        return _pause_models["silero"]
+        path = Path(pipecat_vad.__file__).parent / "data" / "silero_vad.onnx"
+    try:
+        return SileroModel(VADConfig(), path)
+    except MissingExtraError as exc:
+        logger.info(f"voxline STT: no pauses, finals are asked at pipecat's VAD stops ({exc})")
+        return None
 
 
 class _Pauses(Stage):
-    """voxline's VAD over a service's audio, for its pause events: they collect in ``events``."""
+    """voxline's VAD over a service's audio, for its speech events: each goes to ``on_event``
+    as the audio that carries it is fed."""
 
-    def __init__(self, model: SileroModel) -> None:
+    def __init__(self, model: SileroModel,
+                 on_event: Callable[[SpeechStarted | SpeechPaused | SpeechResumed], None]) -> None:
         super().__init__("pauses")
-        self.events: list[SpeechStarted | SpeechPaused | SpeechResumed] = []
+        self.on_event = on_event
         self.vad = VADStage(VADConfig(), model.fork())
         self.vad.link(self)
 
     def process(self, frame: AgentFrame, direction: Direction) -> None:
         if isinstance(frame, SpeechStarted | SpeechPaused | SpeechResumed):
-            self.events.append(frame)
+            self.on_event(frame)
 
-    def feed(self, pcm: np.ndarray, offset: int, t_ns: int
-             ) -> list[SpeechStarted | SpeechPaused | SpeechResumed]:
+    def feed(self, pcm: np.ndarray, offset: int, t_ns: int) -> None:
         self.vad.process(AudioIn(pcm, offset, t_ns=t_ns), DOWN)
-        events, self.events = self.events, []
-        return events
 
 
 @dataclass(slots=True, frozen=True)
@@ -246,7 +242,7 @@ class VoxlineSTTService(STTService):
         if self._want_pauses is not False and self._pauses is None:
             model = await asyncio.to_thread(_pause_model)
             if model is not None:
-                self._pauses = _Pauses(model)
+                self._pauses = _Pauses(model, self._vad_event)
         if self._socket_path is not None:
             self._served = ServedStream(self._on_result, self._on_stream_error,
                                         socket_path=self._socket_path or None,
@@ -329,8 +325,7 @@ class VoxlineSTTService(STTService):
             elif self._served is not None:
                 self._served.audio(audio)
             if self._pauses is not None:
-                for event in self._pauses.feed(pcm, self._offset, now):
-                    self._vad_event(event)
+                self._pauses.feed(pcm, self._offset, now)  # its events come to _vad_event
             self._offset += n
         yield None
 

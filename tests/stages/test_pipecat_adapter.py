@@ -116,13 +116,14 @@ def test_pauses_use_pipecat_s_silero_file_without_silero_vad_and_stay_off_withou
     def missing(*_args, **_kw):
         raise MissingExtraError("Silero VAD", "embedded", "silero-vad")
 
-    monkeypatch.setattr(pipecat_stt, "_pause_models", {})
+    pipecat_stt._pause_model.cache_clear()
     monkeypatch.setattr(pipecat_stt, "silero_model_path", missing)
     model = pipecat_stt._pause_model()
     assert model is not None
     assert model.path == Path(pipecat.audio.vad.__file__).parent / "data" / "silero_vad.onnx"
     assert 0.0 <= model.fork().prob(np.zeros(512, np.float32)) < 0.5
 
-    monkeypatch.setattr(pipecat_stt, "_pause_models", {})
+    pipecat_stt._pause_model.cache_clear()
     monkeypatch.setattr(pipecat_stt, "SileroModel", missing)  # as without onnxruntime
     assert pipecat_stt._pause_model() is None and pipecat_stt._pause_model() is None
+    pipecat_stt._pause_model.cache_clear()  # the next service loads the real one again
