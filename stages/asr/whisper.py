@@ -47,6 +47,13 @@ SILENCE_PEAK = 10 ** (-70 / 20)
 # words either — the rule faster-whisper uses to drop hallucinations on near-silence.
 NO_SPEECH_THRESHOLD = 0.6
 LOG_PROB_THRESHOLD = -1.0
+# ...or when Whisper says "no speech" and its text is a loop: one unit of at most LOOP_UNIT
+# tokens said LOOP_REPEATS times or more and nothing else. On a hummed "mmm" over silence an
+# AVX-512 build of CTranslate2 read " h h h h h h h h h h h h h" (no-speech 0.89, yet a
+# confident -0.45 a token), which an AVX2 build read as " .": words to cut the agent off with.
+# Speech the model hears as speech is never blanked by it (a caller's "no, no, no, no").
+LOOP_UNIT = 3
+LOOP_REPEATS = 4
 # Output tokens allowed per second of audio (fast speech is ~5 tokens/s); stops the repetition
 # loops Whisper falls into on noise from running to the 448-token limit.
 TOKENS_PER_SECOND = 12
@@ -69,6 +76,16 @@ def _rows_wanted(
         return [bool(flags[k]) for k in part]
 
     return rows
+
+
+def is_loop(tokens: Sequence[int]) -> bool:
+    """``tokens`` are one unit of at most :data:`LOOP_UNIT` tokens repeated at least
+    :data:`LOOP_REPEATS` times (a partial last repeat allowed), and nothing else."""
+    n = len(tokens)
+    for unit in range(1, LOOP_UNIT + 1):
+        if n >= unit * LOOP_REPEATS and all(tokens[i] == tokens[i - unit] for i in range(unit, n)):
+            return True
+    return False
 
 
 def embedded_model_dir() -> Path:
@@ -392,7 +409,9 @@ class WhisperBackend:
         # CTranslate2 returns the cumulative log-probability divided by the length (penalty 1);
         # faster-whisper's average counts the end-of-text token as well.
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
+        if result.no_speech_prob > NO_SPEECH_THRESHOLD and (
+            avg_logprob < LOG_PROB_THRESHOLD or is_loop(tokens)
+        ):
             return Hypothesis("")
         text = self._tokenizer.decode(tokens).strip()
         if not any(c.isalnum() for c in text):

@@ -160,3 +160,25 @@ def test_missing_model_package_says_what_to_install(monkeypatch):
 def test_missing_model_directory_says_what_to_do(tmp_path):
     with pytest.raises(ModelNotFoundError, match="--asr-model"):
         WhisperBackend(ASRConfig(model=str(tmp_path)))
+
+
+def test_a_loop_whisper_hears_as_no_speech_is_no_words(backend):
+    """Whisper's repetition loop on a wordless sound (an AVX-512 build read a hummed "mmm" as
+    " h h h ...", no-speech 0.89, -0.45 a token) is blanked; the same loop heard as speech
+    and a short answer heard as "no speech" but said with confidence are kept."""
+    from types import SimpleNamespace
+
+    from stages.asr.whisper import is_loop
+
+    def result(text: str, no_speech: float, logprob: float) -> SimpleNamespace:
+        ids = backend._tokenizer.encode(text, add_special_tokens=False).ids
+        return SimpleNamespace(sequences_ids=[ids], scores=[logprob], no_speech_prob=no_speech)
+
+    assert backend._hypothesis(result(" h h h h h h h h h h h h h", 0.89, -0.45)).text == ""
+    assert backend._hypothesis(result(" 5, 5, 5, 5, 5,", 0.7, -0.3)).text == ""
+    assert backend._hypothesis(result(" No, no, no, no.", 0.1, -0.3)).text == "No, no, no, no."
+    assert backend._hypothesis(result(" Thank you.", 0.8, -0.7)).text == "Thank you."
+    assert backend._hypothesis(result(" 5 5", 0.7, -0.9)).text == "5 5"  # heard in cards-004
+    assert is_loop([7] * 4) and is_loop([1, 2] * 4) and is_loop([1, 2, 3] * 4 + [1])
+    assert not is_loop([7] * 3) and not is_loop([1, 2] * 3 + [4]) and not is_loop([])
+    assert not is_loop([1, 2, 3, 4] * 4)  # a longer unit is a phrase said again, not a loop
