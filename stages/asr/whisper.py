@@ -47,13 +47,14 @@ SILENCE_PEAK = 10 ** (-70 / 20)
 # words either — the rule faster-whisper uses to drop hallucinations on near-silence.
 NO_SPEECH_THRESHOLD = 0.6
 LOG_PROB_THRESHOLD = -1.0
-# ...or when Whisper says "no speech" and its text is a loop: one unit of at most LOOP_UNIT
-# tokens said LOOP_REPEATS times or more and nothing else. On a hummed "mmm" over silence an
-# AVX-512 build of CTranslate2 read " h h h h h h h h h h h h h" (no-speech 0.89, yet a
-# confident -0.45 a token), which an AVX2 build read as " .": words to cut the agent off with.
-# Speech the model hears as speech is never blanked by it (a caller's "no, no, no, no").
-LOOP_UNIT = 3
+# ...or when Whisper says "no speech" and its text is a loop of one lone letter that is no
+# word (" h h h h", " m m m m"): how it spells a sound it cannot read. On a hummed "mmm" over
+# silence an AVX-512 build of CTranslate2 read " h h h h h h h h h h h h h" (no-speech 0.89,
+# yet a confident -0.45 a token), which an AVX2 build read as " .": words that cut the agent
+# off. A loop of words stays: the speech set's "five five" came out as " 5, 5, 5, 5, 5, ..."
+# (no-speech 0.67), and a wrong reply is better than none.
 LOOP_REPEATS = 4
+WORD_LETTERS = frozenset("ai")  # lone letters that are English words
 # Output tokens allowed per second of audio (fast speech is ~5 tokens/s); stops the repetition
 # loops Whisper falls into on noise from running to the 448-token limit.
 TOKENS_PER_SECOND = 12
@@ -78,14 +79,14 @@ def _rows_wanted(
     return rows
 
 
-def is_loop(tokens: Sequence[int]) -> bool:
-    """``tokens`` are one unit of at most :data:`LOOP_UNIT` tokens repeated at least
-    :data:`LOOP_REPEATS` times (a partial last repeat allowed), and nothing else."""
-    n = len(tokens)
-    for unit in range(1, LOOP_UNIT + 1):
-        if n >= unit * LOOP_REPEATS and all(tokens[i] == tokens[i - unit] for i in range(unit, n)):
-            return True
-    return False
+def is_letter_loop(text: str) -> bool:
+    """``text`` is one lone letter that is no word, said :data:`LOOP_REPEATS` times or more
+    (punctuation between them allowed) and nothing else."""
+    said = [w for w in (w.strip(".,;:!?-'\"").casefold() for w in text.split()) if w]
+    return (
+        len(said) >= LOOP_REPEATS and len(said[0]) == 1 and said[0].isalpha()
+        and said[0] not in WORD_LETTERS and all(w == said[0] for w in said)
+    )
 
 
 def embedded_model_dir() -> Path:
@@ -409,11 +410,11 @@ class WhisperBackend:
         # CTranslate2 returns the cumulative log-probability divided by the length (penalty 1);
         # faster-whisper's average counts the end-of-text token as well.
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD and (
-            avg_logprob < LOG_PROB_THRESHOLD or is_loop(tokens)
-        ):
+        if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
             return Hypothesis("")
         text = self._tokenizer.decode(tokens).strip()
         if not any(c.isalnum() for c in text):
             return Hypothesis("")  # punctuation alone is how Whisper renders noise
+        if result.no_speech_prob > NO_SPEECH_THRESHOLD and is_letter_loop(text):
+            return Hypothesis("")
         return Hypothesis(text, tokens=tuple(tokens))
