@@ -410,11 +410,10 @@ class WhisperBackend:
         # CTranslate2 returns the cumulative log-probability divided by the length (penalty 1);
         # faster-whisper's average counts the end-of-text token as well.
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
+        no_speech = result.no_speech_prob > NO_SPEECH_THRESHOLD
+        if no_speech and avg_logprob < LOG_PROB_THRESHOLD:
             return Hypothesis("")
         text = self._tokenizer.decode(tokens).strip()
-        if not any(c.isalnum() for c in text):
-            return Hypothesis("")  # punctuation alone is how Whisper renders noise
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD and is_letter_loop(text):
-            return Hypothesis("")
+        if not any(c.isalnum() for c in text) or (no_speech and is_letter_loop(text)):
+            return Hypothesis("")  # punctuation alone, or a letter's loop: how Whisper spells noise
         return Hypothesis(text, tokens=tuple(tokens))
