@@ -120,11 +120,20 @@ def shared_engine(cfg: ASRConfig | None = None) -> ASREngine:
         return engine
 
 
-@functools.cache
+_pause_model_lock = threading.Lock()
+
+
 def _pause_model() -> SileroModel | None:
     """The process's Silero model for the services' pauses (each service forks it: one session,
     a stream's state each), or None without onnxruntime (said once). The file is silero-vad's
-    where that is installed, else the same file inside pipecat."""
+    where that is installed, else the same file inside pipecat. Services starting at once on
+    several threads share the one made first."""
+    with _pause_model_lock:
+        return _load_pause_model()
+
+
+@functools.cache
+def _load_pause_model() -> SileroModel | None:
     try:
         path = silero_model_path()
     except MissingExtraError:
@@ -143,10 +152,11 @@ class _Pauses(Stage):
     as the audio that carries it is fed."""
 
     def __init__(self, model: SileroModel,
-                 on_event: Callable[[SpeechStarted | SpeechPaused | SpeechResumed], None]) -> None:
+                 on_event: Callable[[SpeechStarted | SpeechPaused | SpeechResumed], None],
+                 cfg: VADConfig | None = None) -> None:
         super().__init__("pauses")
         self.on_event = on_event
-        self.vad = VADStage(VADConfig(), model.fork())
+        self.vad = VADStage(cfg or VADConfig(), model.fork())
         self.vad.link(self)
 
     def process(self, frame: AgentFrame, direction: Direction) -> None:
@@ -179,15 +189,19 @@ class VoxlineSTTService(STTService):
     ``engine``: an :class:`ASREngine` to use (else the process's :func:`shared_engine` for
     ``asr_config``); ``socket_path``: stream to ``voxline asr-serve`` at that socket instead
     (``""``: its default path). ``pauses``: transcribe at voxline's VAD pauses (see the module;
-    None: where onnxruntime is installed, True: required). Other keyword arguments go to
-    pipecat's ``STTService``.
+    None: where onnxruntime is installed, True: required); ``pause_vad``: that VAD's settings
+    (voxline's ``[vad]``: its thresholds and its noise-floor rule; default the same defaults
+    as a voxline call). Other keyword arguments go to pipecat's ``STTService``.
     """
 
     def __init__(self, *, engine: ASREngine | None = None, socket_path: str | None = None,
                  asr_config: ASRConfig | None = None, pauses: bool | None = None,
+                 pause_vad: VADConfig | None = None,
                  finish_timeout_s: float = FINISH_TIMEOUT_S, **kwargs) -> None:  # noqa: ANN003
         if engine is not None and socket_path is not None:
             raise ValueError("give an engine or an asr-serve socket_path, not both")
+        if pause_vad is not None and pauses is False:
+            raise ValueError("pause_vad configures the pauses' VAD: not with pauses=False")
         if pauses:
             require("onnxruntime", what="the pauses of voxline's STT service", extra="embedded")
         cfg = asr_config or ASRConfig()
@@ -214,6 +228,7 @@ class VoxlineSTTService(STTService):
         self.adopted_partials = 0
         self.pauses_transcribed = 0  # voxline's VAD pauses inside pipecat's utterances
         self._want_pauses = pauses
+        self._pause_vad = pause_vad
         self._pauses: _Pauses | None = None
         self._paused_at: int | None = None  # the open utterance's pause, if not resumed since
 
@@ -242,7 +257,7 @@ class VoxlineSTTService(STTService):
         if self._want_pauses is not False and self._pauses is None:
             model = await asyncio.to_thread(_pause_model)
             if model is not None:
-                self._pauses = _Pauses(model, self._vad_event)
+                self._pauses = _Pauses(model, self._vad_event, self._pause_vad)
         if self._socket_path is not None:
             self._served = ServedStream(self._on_result, self._on_stream_error,
                                         socket_path=self._socket_path or None,

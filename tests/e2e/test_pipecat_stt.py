@@ -11,7 +11,7 @@ import speech
 from asr_serve import Served
 from pipecat_pipeline import VAD_STOP_S, Played, play
 
-from agent.config import ASRConfig
+from agent.config import ASRConfig, VADConfig
 from stages.adapters.pipecat_stt import (
     TTFS_P99_S,
     VoxlineSTTService,
@@ -116,6 +116,23 @@ def test_a_pause_the_caller_goes_on_after_loses_none_of_the_words():
     # the end's pause read the whole utterance (the gap's transcript was out of date once the
     # caller went on): it is the final
     assert stt.speculative_finals == 1
+
+
+def test_the_pauses_vad_takes_the_settings_it_is_given():
+    # speech must last a minute before this VAD starts an utterance: it hears no pause, and the
+    # finals come at pipecat's stops as without pauses
+    pcm, ref = speech.joined(("kittens", "honest"), gap_s=1.0, tail_s=1.5)
+    stt = VoxlineSTTService(pause_vad=VADConfig(start_ms=60_000))
+    listening: list[bool] = []
+
+    async def during() -> None:
+        listening.append(stt.listens_for_pauses)
+
+    played = asyncio.run(play(stt, np.concatenate([np.zeros(8000, np.int16), pcm]),
+                              after_audio=during))
+    assert listening == [True]
+    assert stt.pauses_transcribed == stt.speculative_finals == 0
+    assert corpus_wer([(ref, played.text)]) <= MAX_WER, (played.text, ref)
 
 
 def test_a_pipecat_pipeline_transcribes_real_speech_through_asr_serve(tmp_path):

@@ -116,14 +116,47 @@ def test_pauses_use_pipecat_s_silero_file_without_silero_vad_and_stay_off_withou
     def missing(*_args, **_kw):
         raise MissingExtraError("Silero VAD", "embedded", "silero-vad")
 
-    pipecat_stt._pause_model.cache_clear()
+    pipecat_stt._load_pause_model.cache_clear()
     monkeypatch.setattr(pipecat_stt, "silero_model_path", missing)
     model = pipecat_stt._pause_model()
     assert model is not None
     assert model.path == Path(pipecat.audio.vad.__file__).parent / "data" / "silero_vad.onnx"
     assert 0.0 <= model.fork().prob(np.zeros(512, np.float32)) < 0.5
 
-    pipecat_stt._pause_model.cache_clear()
+    pipecat_stt._load_pause_model.cache_clear()
     monkeypatch.setattr(pipecat_stt, "SileroModel", missing)  # as without onnxruntime
     assert pipecat_stt._pause_model() is None and pipecat_stt._pause_model() is None
-    pipecat_stt._pause_model.cache_clear()  # the next service loads the real one again
+    pipecat_stt._load_pause_model.cache_clear()  # the next service loads the real one again
+
+
+def test_services_starting_at_once_share_one_pause_model(monkeypatch):
+    import threading
+    import time
+
+    from stages.adapters import pipecat_stt
+
+    made = []
+
+    class SlowModel:  # as a real session takes a while to load
+        def __init__(self, *_args):
+            time.sleep(0.2)
+            made.append(self)
+
+    pipecat_stt._load_pause_model.cache_clear()
+    monkeypatch.setattr(pipecat_stt, "SileroModel", SlowModel)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(pipecat_stt._pause_model()))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pipecat_stt._load_pause_model.cache_clear()  # the next service loads the real one again
+    assert len(made) == 1 and got == made * 4
+
+
+def test_pause_vad_is_refused_with_pauses_off():
+    from agent.config import VADConfig
+
+    with pytest.raises(ValueError, match="pause_vad"):
+        VoxlineSTTService(pauses=False, pause_vad=VADConfig())
