@@ -46,7 +46,11 @@ The first level plays every clip once, a call at a time. A clip some system does
 then (its VAD or STT never heard the caller, as pipecat with a whispered clip) is listed and
 left out of every latency and of the ramp: the systems are compared on the same clips, and a
 deafness is not mistaken for load. Past that, a call with no agent audio before its tail ends
-counts as infinitely late.
+counts as infinitely late. ``--rounds N`` plays the first level N times, the systems' order
+reversed each round, and pools the calls (a clip is left out only when a system answered it in
+no round): pipecat's median moves by ~0.4 s from run to run, so one round's ratio is a draw
+from a wide spread. With (a) and (c) both run, the median ratio gets a 95% bootstrap interval
+(the (clip, round) pairs both played, drawn again with replacement) and each round's own.
 
 CPU per call-minute: the CPU seconds (user + system, ``getrusage``) of the process running the
 system's calls plus those of the llama server process (``/proc/PID/stat``), over the minutes
@@ -70,7 +74,7 @@ server answers one request at a time, for every system alike: under load part of
 latency is its queue.
 
     python benchmarks/vs_pipecat.py [--clips 12] [--levels 1 2 3 4 6 8 12 16] [--systems a,b,c]
-        [--bars 1.5 3 5] [--quick] [--json-out benchmarks/results/vs_pipecat.json]
+        [--bars 1.5 3 5] [--rounds 1] [--quick] [--json-out benchmarks/results/vs_pipecat.json]
 
 Needs pipecat-ai with its whisper, openai and piper extras (``pip install 'voxline[pipecat]'``)
 and llama-cpp-python's server (``llama-cpp-python[server]``). Prints progress to stderr, a
@@ -660,6 +664,41 @@ def level_stats(r: dict[str, Any], server_cpu_s: float, heard: set[str]) -> dict
     }
 
 
+def pool_rounds(rounds: list[tuple[dict[str, Any], float]]) -> tuple[dict[str, Any], float]:
+    """One system's rounds of a level as one: every call (with its round), CPU and wall time
+    summed, the largest RSS."""
+    raws = [raw for raw, _ in rounds]
+    calls = [{**c, "round": i} for i, raw in enumerate(raws) for c in raw["calls"]]
+    return ({"calls": calls, "cpu_s": sum(r["cpu_s"] for r in raws),
+             "wall_s": sum(r["wall_s"] for r in raws), "rss_mb": max(r["rss_mb"] for r in raws),
+             "build_s_p50": float(np.median([r["build_s_p50"] for r in raws]))},
+            sum(s for _, s in rounds))
+
+
+def ratio_interval(a_calls: list[dict[str, Any]], c_calls: list[dict[str, Any]],
+                   heard: set[str], seed: int, draws: int = 4000) -> list[float] | None:
+    """A 95% bootstrap interval of median(a) / median(c) voice-to-voice: the (clip, round)
+    pairs both systems played are drawn again with replacement, the pair kept together (a
+    call without a reply counts as infinitely late, as in the percentiles)."""
+    def by_key(calls: list[dict[str, Any]]) -> dict[tuple[str, int, int], float]:
+        return {(c["clip"], c.get("round", 0), c["line"]):
+                math.inf if c["v2v_s"] is None else c["v2v_s"]
+                for c in calls if c["clip"] in heard}
+    a, c = by_key(a_calls), by_key(c_calls)
+    keys = sorted(a.keys() & c.keys())
+    if len(keys) < 4:
+        return None
+    x = np.array([a[k] for k in keys])
+    y = np.array([c[k] for k in keys])
+    pick = np.random.default_rng(seed).integers(0, len(keys), size=(draws, len(keys)))
+    ratios = np.median(x[pick], axis=1) / np.median(y[pick], axis=1)
+    ratios = ratios[np.isfinite(ratios)]
+    if not len(ratios):
+        return None
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
 def max_calls(levels: dict[str, dict[str, Any]], order: list[int], bar_s: float) -> int:
     """The highest level reached with every level up to it at p95 <= ``bar_s``."""
     best = 0
@@ -688,6 +727,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say(f"{len(clips)} clips: {', '.join(c.id for c in clips)}")
     res: dict[str, Any] = {
         "benchmark": "vs_pipecat", "bars_s": args.bars, "tail_s": args.tail_s, "seed": args.seed,
+        "rounds": args.rounds,
         "server_prefill": args.server_prefill, "server_cache": args.server_cache,
         "stt_pauses": not args.stt_no_pauses,
         "clips": [asdict(c) for c in clips], "levels": args.levels, "cores": os.cpu_count(),
@@ -731,9 +771,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # count only the clips every system answered, and the others are listed.
             first = args.levels[0]
             lines = schedule(first, clips, everything, args.tail_s, args.seed)
-            alone = {kind: ask(kind, lines) for kind in args.systems}
-            unanswered = {c.id: sorted(k for k, (raw, _) in alone.items() if any(
-                x["clip"] == c.id and x["v2v_s"] is None for x in raw["calls"])) for c in clips}
+            # The first level is played --rounds times, the systems' order reversed each round
+            # (a, b, c; then c, b, a; ...), so that a drift of the machine falls on every system
+            # alike; its calls are pooled, and each round's own medians are kept.
+            rounds: list[dict[str, tuple[dict[str, Any], float]]] = []
+            for r in range(args.rounds):
+                order = args.systems if r % 2 == 0 else args.systems[::-1]
+                rounds.append({kind: ask(kind, lines) for kind in order})
+                if args.rounds > 1:
+                    say(f"round {r + 1}/{args.rounds} of level {first} done")
+            alone = {kind: pool_rounds([rd[kind] for rd in rounds]) for kind in args.systems}
+            # a clip a system answered in no round says nothing about load: left out
+            unanswered = {c.id: sorted(k for k, (raw, _) in alone.items() if all(
+                x["v2v_s"] is None for x in raw["calls"] if x["clip"] == c.id)) for c in clips}
             res["unanswered"] = {cid: ks for cid, ks in unanswered.items() if ks}
             heard = {cid for cid, ks in unanswered.items() if not ks}
             pool = [i for i, c in enumerate(clips) if c.id in heard]
@@ -744,6 +794,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             say(f"answered by every system alone: {len(pool)} of {len(clips)} clips; "
                 f"unanswered: {missed or 'none'}")
             active = [kind for kind in args.systems if report(kind, first, *alone[kind], heard)]
+            if args.rounds > 1:
+                for kind in args.systems:
+                    res["systems"][kind]["round_p50_s"] = [
+                        level_stats(rd[kind][0], rd[kind][1], heard)["p50_s"] for rd in rounds]
             for level in args.levels[1:]:
                 if not active:
                     break
@@ -772,6 +826,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sy = res["systems"]
     if "a" in sy and "c" in sy and sy["a"]["v2v_p50_s"] and sy["c"]["v2v_p50_s"]:
         res["ratio_v2v_p50_a_over_c"] = sy["a"]["v2v_p50_s"] / sy["c"]["v2v_p50_s"]
+        first = str(args.levels[0])
+        ci = ratio_interval(sy["a"]["levels"][first]["per_call"],
+                            sy["c"]["levels"][first]["per_call"], set(res["heard_clips"]),
+                            args.seed)
+        if ci is not None:
+            res["ratio_v2v_p50_a_over_c_ci95"] = ci
+        if "round_p50_s" in sy["a"] and "round_p50_s" in sy["c"]:
+            res["ratio_v2v_p50_a_over_c_rounds"] = [
+                a / c if a and c else None
+                for a, c in zip(sy["a"]["round_p50_s"], sy["c"]["round_p50_s"], strict=True)]
     if "a" in sy and "b" in sy:
         a, b = sy["a"]["max_calls"], sy["b"]["max_calls"]
         res["ratio_calls_b_over_a"] = {bar: b[bar] / a[bar] if a[bar] else None for bar in a}
@@ -814,8 +878,13 @@ def print_table(res: dict[str, Any]) -> None:
         if any(cells):
             print(f"{level:<8}" + "".join(f"{c:>20}" for c in cells))
     if "ratio_v2v_p50_a_over_c" in res:
+        ci = res.get("ratio_v2v_p50_a_over_c_ci95")
+        rounds = res.get("ratio_v2v_p50_a_over_c_rounds")
         print(f"\n(c) vs (a), median voice-to-voice: {res['ratio_v2v_p50_a_over_c']:.2f}x faster "
-              "(goal 3x)")
+              "(goal 3x)"
+              + (f"; 95% bootstrap interval {ci[0]:.2f}-{ci[1]:.2f}x" if ci else "")
+              + (f"; per round {', '.join(f'{r:.2f}x' if r else '-' for r in rounds)}"
+                 if rounds else ""))
     for bar, r in res.get("ratio_calls_b_over_a", {}).items():
         calls = f"(a) {sy['a']['max_calls'][bar]}, (b) {sy['b']['max_calls'][bar]}"
         print(f"(b) vs (a), concurrent calls at p95 <= {bar} s: {calls}: "
@@ -834,6 +903,10 @@ def main() -> int:
                          "past the highest")
     ap.add_argument("--tail-s", type=float, default=TAIL_S, help="silence played after each clip")
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="play the first level this many times (the systems' order reversed "
+                         "each round) and pool its calls: pipecat's median moves by ~0.4 s "
+                         "between runs")
     ap.add_argument("--quick", action="store_true", help="smoke test: 3 clips, one call at a time")
     ap.add_argument("--json-out")
     ap.add_argument("--server-prefill", action="store_true",
@@ -868,6 +941,8 @@ def main() -> int:
         ap.error(f"unknown system(s) {', '.join(unknown)}: choose from a, b, c")
     if args.quick:
         args.clips, args.levels = 3, [1]
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if any(s in ("a", "b") for s in args.systems) and importlib.util.find_spec("pipecat") is None:
         print("pipecat-ai is not installed — pip install 'voxline[pipecat]'", file=sys.stderr)
         return 2
