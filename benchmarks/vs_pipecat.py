@@ -676,7 +676,7 @@ def pool_rounds(rounds: list[tuple[dict[str, Any], float]]) -> tuple[dict[str, A
 
 
 def ratio_interval(a_calls: list[dict[str, Any]], c_calls: list[dict[str, Any]],
-                   heard: set[str], seed: int, draws: int = 4000) -> list[float] | None:
+                   heard: set[str], seed: int, draws: int = 4000) -> list[float | None] | None:
     """A 95% bootstrap interval of median(a) / median(c) voice-to-voice: the (clip, round)
     pairs both systems played are drawn again with replacement, the pair kept together (a
     call without a reply counts as infinitely late, as in the percentiles)."""
@@ -691,12 +691,14 @@ def ratio_interval(a_calls: list[dict[str, Any]], c_calls: list[dict[str, Any]],
     x = np.array([a[k] for k in keys])
     y = np.array([c[k] for k in keys])
     pick = np.random.default_rng(seed).integers(0, len(keys), size=(draws, len(keys)))
-    ratios = np.median(x[pick], axis=1) / np.median(y[pick], axis=1)
-    ratios = ratios[np.isfinite(ratios)]
+    with np.errstate(invalid="ignore"):  # both medians infinite: no ratio, that draw is dropped
+        ratios = np.median(x[pick], axis=1) / np.median(y[pick], axis=1)
+    ratios = ratios[~np.isnan(ratios)]
     if not len(ratios):
         return None
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return [float(lo), float(hi)]
+    lo, hi = np.percentile(ratios, [2.5, 97.5], method="inverted_cdf")
+    # None: unbounded, where (a)'s median is a missing reply in those draws
+    return [float(v) if np.isfinite(v) else None for v in (lo, hi)]
 
 
 def max_calls(levels: dict[str, dict[str, Any]], order: list[int], bar_s: float) -> int:
@@ -882,7 +884,7 @@ def print_table(res: dict[str, Any]) -> None:
         rounds = res.get("ratio_v2v_p50_a_over_c_rounds")
         print(f"\n(c) vs (a), median voice-to-voice: {res['ratio_v2v_p50_a_over_c']:.2f}x faster "
               "(goal 3x)"
-              + (f"; 95% bootstrap interval {ci[0]:.2f}-{ci[1]:.2f}x" if ci else "")
+              + (f"; 95% bootstrap interval {num(ci[0])}-{num(ci[1])}x" if ci else "")
               + (f"; per round {', '.join(f'{r:.2f}x' if r else '-' for r in rounds)}"
                  if rounds else ""))
     for bar, r in res.get("ratio_calls_b_over_a", {}).items():

@@ -56,3 +56,7 @@ def test_the_interval_widens_with_spread_counts_only_heard_clips_and_needs_pairs
     slow = a + calls({"deaf": 50.0})
     assert ratio_interval(slow, c + calls({"deaf": 0.5}), set(clips), seed=1) == [lo, hi]
     assert ratio_interval(a[:3], c[:3], set(clips), seed=1) is None  # too few pairs
+    # (a) missing most replies: the interval has no upper end
+    deaf = calls({k: (None if i < 8 else 1.0) for i, k in enumerate(clips)})
+    lo, hi = ratio_interval(deaf, c, set(clips), seed=1)
+    assert hi is None and (lo is None or lo >= 2.0)

@@ -191,7 +191,8 @@ class VoxlineSTTService(STTService):
     (``""``: its default path). ``pauses``: transcribe at voxline's VAD pauses (see the module;
     None: where onnxruntime is installed, True: required); ``pause_vad``: that VAD's settings
     (voxline's ``[vad]``: its thresholds and its noise-floor rule; default the same defaults
-    as a voxline call). Other keyword arguments go to pipecat's ``STTService``.
+    as a voxline call; its ``threads`` aside: one Silero session serves every service in the
+    process). Other keyword arguments go to pipecat's ``STTService``.
     """
 
     def __init__(self, *, engine: ASREngine | None = None, socket_path: str | None = None,
