@@ -349,6 +349,8 @@ class VoxlineSTTService(STTService):
         """voxline's VAD paused (or went on): transcribe the open utterance up to the pause."""
         if not isinstance(event, SpeechPaused):
             self._paused_at = None
+            if self._served is not None:
+                self._served.resumed()
             return
         started = self._speaking_since
         if started is None or event.at < started:

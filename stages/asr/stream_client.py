@@ -43,6 +43,7 @@ class _Utterance:
     start: int  # SpeechStarted.at, in the caller's samples
     stop: int | None = None  # SpeechStopped.at, once seen
     resume: int = -1  # where a segment final left off (a long utterance goes on from there)
+    pause: tuple[int, int] | None = None  # the VAD's latest pause (at, voice_end), not resumed
 
 
 class ServedStream:
@@ -132,15 +133,24 @@ class ServedStream:
 
     def paused(self, at: int, voice_end: int = -1) -> None:
         """The VAD's pause at ``at`` (``voice_end``: where the voice stopped, -1 if not known):
-        the server transcribes the utterance up to there before its end is confirmed. Not kept
-        for a new stream: after an outage the stop asks for the final anyway."""
+        the server transcribes the utterance up to there before its end is confirmed. Kept
+        until :meth:`resumed` or the stop: a stream opened after an outage is told it again, so
+        the caller's transcript still comes at the pause, not only at the stop."""
         if self._closed or not self._pending or self._pending[-1].stop is not None:
             return
+        u = self._pending[-1]
         at = min(max(at, 0), self.heard)
-        if at < self._pending[-1].start or not self.served:
+        if at < u.start:
             return
-        end = self._rel(voice_end) if self._pending[-1].start <= voice_end <= at else -1
-        self._send(wire.encode_pause(STREAM_ID, self._rel(at), end))
+        u.pause = (at, voice_end if u.start <= voice_end <= at else -1)
+        if self.served:
+            self._send_pause(u.pause)
+
+    def resumed(self) -> None:
+        """The VAD heard the voice again after a pause: that pause is no longer the
+        utterance's end, and a new stream is not told it."""
+        if self._pending and self._pending[-1].stop is None:
+            self._pending[-1].pause = None
 
     def stopped(self, at: int, started_at: int | None = None) -> None:
         if self._closed:
@@ -157,6 +167,13 @@ class ServedStream:
     # --- the connection --------------------------------------------------------------------------
     def _rel(self, at: int) -> int:
         return max(at - self._base, 0)
+
+    def _send_pause(self, pause: tuple[int, int]) -> None:
+        at, voice_end = pause
+        if at < self._base:
+            return  # before this stream's audio (a segment final already covered it)
+        self._send(wire.encode_pause(STREAM_ID, self._rel(at),
+                                     self._rel(voice_end) if voice_end >= self._base else -1))
 
     def _send(self, frame: bytes) -> None:
         assert self._writer is not None
@@ -210,6 +227,8 @@ class ServedStream:
             if u.stop is not None:
                 self._send(wire.encode_event(STREAM_ID, wire.SpeechEvent.STOPPED,
                                              self._rel(max(u.stop, start)), self._rel(start)))
+            elif u.pause is not None and u.pause[0] >= start:
+                self._send_pause(u.pause)
         if self._finishing:
             self._send(wire.encode_end(STREAM_ID))
         if self._down is not None:

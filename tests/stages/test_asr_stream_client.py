@@ -51,9 +51,10 @@ class Caller:
     def text(self) -> str:
         return " ".join(r.text for r in self.results if r.final)
 
-    async def say(self, name: str, during=None) -> None:  # noqa: ANN001
+    async def say(self, name: str, during=None, stop: bool = True) -> None:  # noqa: ANN001
         """The clip after half a second of silence, in real time, with the VAD's events at the
-        clip's edges; ``during(seconds_in)`` is awaited after each frame."""
+        clip's edges (``stop``: its end too); ``during(seconds_in)`` is awaited after each
+        frame."""
         pcm = np.concatenate([np.zeros(LEAD, np.int16), speech.load(name)])
         base = self.stream.heard
         t0 = time.monotonic()
@@ -64,7 +65,8 @@ class Caller:
             if during is not None:
                 await during((i + FRAME) / RATE)
             await asyncio.sleep(max(0.0, t0 + (i + FRAME) / RATE - time.monotonic()))
-        self.stream.stopped(base + len(pcm), base + LEAD)
+        if stop:
+            self.stream.stopped(base + len(pcm), base + LEAD)
 
 
 def run_stopping(main, servers):  # noqa: ANN001, ANN201
@@ -104,6 +106,44 @@ def test_a_server_killed_and_restarted_mid_utterance_loses_no_words(tmp_path):
     assert caller.recovered == 1 and caller.stream.reconnects >= 1
     finals = [r for r in caller.results if r.kind is Kind.FINAL]
     assert len(finals) == 1 and finals[0].start <= LEAD and finals[0].end >= LEAD + 16_000 * 5
+
+
+def test_a_pause_heard_while_the_server_was_away_is_told_to_the_new_stream(tmp_path):
+    # the caller stops talking while asr-serve is down: once it is back, the utterance is
+    # transcribed up to the pause at once (as a speculative result), before any stop
+    served = Served(tmp_path)
+    path = served.path
+    servers = [served]
+
+    async def main() -> tuple[Caller, list[Result]]:
+        caller = Caller(path)
+        await caller.stream.open()
+        await caller.say("kittens", stop=False)
+        served.kill()
+        voice_end = caller.stream.heard
+        silence = np.zeros(FRAME, np.int16).tobytes()
+        for _ in range(5):  # 100 ms of silence, then the VAD's pause
+            caller.stream.audio(silence)
+            await asyncio.sleep(FRAME / RATE)
+        caller.stream.paused(caller.stream.heard, voice_end)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: servers.append(Served(tmp_path, socket_path=path)))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                r.kind is Kind.SPECULATIVE for r in caller.results):
+            caller.stream.audio(silence)
+            await asyncio.sleep(FRAME / RATE)
+        early = list(caller.results)
+        caller.stream.stopped(caller.stream.heard, LEAD)
+        await caller.done()
+        return caller, early
+
+    caller, early = run_stopping(main, lambda: servers)
+    assert caller.recovered == 1
+    spec = [r for r in early if r.kind is Kind.SPECULATIVE]
+    assert spec, [(r.kind, r.text) for r in early]
+    assert corpus_wer([(speech.text("kittens"), spec[-1].text)]) <= MAX_WER, spec[-1].text
+    assert corpus_wer([(speech.text("kittens"), caller.text)]) <= MAX_WER, caller.text
 
 
 def test_a_server_not_up_yet_gets_the_audio_kept_for_it(tmp_path):
