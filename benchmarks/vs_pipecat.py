@@ -798,8 +798,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             active = [kind for kind in args.systems if report(kind, first, *alone[kind], heard)]
             if args.rounds > 1:
                 for kind in args.systems:
-                    res["systems"][kind]["round_p50_s"] = [
-                        level_stats(rd[kind][0], rd[kind][1], heard)["p50_s"] for rd in rounds]
+                    res["systems"][kind]["round_p50_s"] = [nearest_rank(
+                        [c["v2v_s"] for c in rd[kind][0]["calls"] if c["clip"] in heard], 50)
+                        for rd in rounds]
             for level in args.levels[1:]:
                 if not active:
                     break
@@ -819,18 +820,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for w in workers.values():
                 w.close()
+    alone_level = str(args.levels[0])
     for s in res["systems"].values():
-        first = s["levels"][str(args.levels[0])]
-        s["v2v_p50_s"], s["v2v_p95_s"] = first["p50_s"], first["p95_s"]
-        s["turn_end_p50_s"] = first["turn_end_p50_s"]
-        s["cpu_s_per_call_min"] = first["cpu_s_per_call_min"]
+        alone = s["levels"][alone_level]
+        s["v2v_p50_s"], s["v2v_p95_s"] = alone["p50_s"], alone["p95_s"]
+        s["turn_end_p50_s"] = alone["turn_end_p50_s"]
+        s["cpu_s_per_call_min"] = alone["cpu_s_per_call_min"]
         s["max_calls"] = {f"{bar:g}": max_calls(s["levels"], args.levels, bar) for bar in args.bars}
     sy = res["systems"]
     if "a" in sy and "c" in sy and sy["a"]["v2v_p50_s"] and sy["c"]["v2v_p50_s"]:
         res["ratio_v2v_p50_a_over_c"] = sy["a"]["v2v_p50_s"] / sy["c"]["v2v_p50_s"]
-        first = str(args.levels[0])
-        ci = ratio_interval(sy["a"]["levels"][first]["per_call"],
-                            sy["c"]["levels"][first]["per_call"], set(res["heard_clips"]),
+        ci = ratio_interval(sy["a"]["levels"][alone_level]["per_call"],
+                            sy["c"]["levels"][alone_level]["per_call"], set(res["heard_clips"]),
                             args.seed)
         if ci is not None:
             res["ratio_v2v_p50_a_over_c_ci95"] = ci

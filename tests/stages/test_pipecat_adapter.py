@@ -5,6 +5,8 @@ caller speaks, an engine with no free slot, and pipecat not installed."""
 import asyncio
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ import speech
 from pipecat.frames.frames import InterruptionFrame, STTMuteFrame
 from pipecat_pipeline import FRAME_MS, play
 
-from agent.config import ASRConfig
+from agent.config import ASRConfig, VADConfig
 from stages.adapters.pipecat_stt import VoxlineSTTService
 from stages.asr.wer import corpus_wer, normalize
 
@@ -130,9 +132,6 @@ def test_pauses_use_pipecat_s_silero_file_without_silero_vad_and_stay_off_withou
 
 
 def test_services_starting_at_once_share_one_pause_model(monkeypatch):
-    import threading
-    import time
-
     from stages.adapters import pipecat_stt
 
     made = []
@@ -156,7 +155,5 @@ def test_services_starting_at_once_share_one_pause_model(monkeypatch):
 
 
 def test_pause_vad_is_refused_with_pauses_off():
-    from agent.config import VADConfig
-
     with pytest.raises(ValueError, match="pause_vad"):
         VoxlineSTTService(pauses=False, pause_vad=VADConfig())
