@@ -244,9 +244,10 @@ async def play(pcm: np.ndarray, eov_frame: int, tail_s: float, mark: Mark,
 class PipecatSystem:
     """A pipecat 1.x voice bot per call: VAD → STT → user turn → LLM → TTS → sink →
     assistant context. (b)'s service transcribes at voxline's VAD pauses unless
-    ``--stt-no-pauses``."""
+    ``--stt-no-pauses``, and computes partials (interim frames) unless ``--stt-no-interim``."""
 
     stt_pauses = True
+    stt_interim = True
 
     def __init__(self, kind: str, llm_url: str, cfg: Config) -> None:
         from loguru import logger
@@ -320,7 +321,8 @@ class PipecatSystem:
         else:
             from stages.adapters.pipecat_stt import VoxlineSTTService
 
-            stt = VoxlineSTTService(asr_config=self.cfg.asr, pauses=self.stt_pauses)
+            stt = VoxlineSTTService(asr_config=self.cfg.asr, pauses=self.stt_pauses,
+                                    interim_results=self.stt_interim)
         llm_cfg = self.cfg.llm
         llm = self.llm_service(
             api_key="none", base_url=self.llm_url,
@@ -731,7 +733,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "vs_pipecat", "bars_s": args.bars, "tail_s": args.tail_s, "seed": args.seed,
         "rounds": args.rounds,
         "server_prefill": args.server_prefill, "server_cache": args.server_cache,
-        "stt_pauses": not args.stt_no_pauses,
+        "stt_pauses": not args.stt_no_pauses, "stt_interim": not args.stt_no_interim,
         "clips": [asdict(c) for c in clips], "levels": args.levels, "cores": os.cpu_count(),
         "llm": {"server": "llama_cpp.server", "model": f"SmolLM2-135M-Instruct {encoding}",
                 "max_tokens": cfg.llm.max_tokens, "temperature": cfg.llm.temperature,
@@ -764,7 +766,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for kind in args.systems:  # one at a time: a model loading must not slow a warm-up
                 t = time.monotonic()
                 options = (("--server-prefill",) if args.server_prefill else ()) + (
-                    ("--stt-no-pauses",) if args.stt_no_pauses else ())
+                    ("--stt-no-pauses",) if args.stt_no_pauses else ()) + (
+                    ("--stt-no-interim",) if args.stt_no_interim else ())
                 workers[kind] = Worker(kind, url, clips, args.tail_s, options)
                 res["systems"][kind]["ready_s"] = time.monotonic() - t
                 say(f"[{kind}] {SYSTEMS[kind]}: ready in {time.monotonic() - t:.1f} s")
@@ -925,11 +928,15 @@ def main() -> int:
     ap.add_argument("--stt-no-pauses", action="store_true",
                     help="(b) without VoxlineSTTService's pauses: the final is asked at pipecat's "
                          "VAD stop")
+    ap.add_argument("--stt-no-interim", action="store_true",
+                    help="(b) with VoxlineSTTService(interim_results=False): no partials, as "
+                         "(a)'s WhisperSTTService gives none")
     ap.add_argument("--worker", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     ap.add_argument("--llm-url", help=argparse.SUPPRESS)
     args = ap.parse_args()
     VoxlineSystem.server_prefill = args.server_prefill
     PipecatSystem.stt_pauses = not args.stt_no_pauses
+    PipecatSystem.stt_interim = not args.stt_no_interim
     if args.worker:
         # the protocol keeps stdout's file; anything else printing to stdout goes to stderr
         out = os.fdopen(os.dup(1), "w")

@@ -31,6 +31,11 @@ characters are stable — they never change in the utterance's later partials (v
 stable-prefix rule), so a caption may show them for good; the final, a fresh reading of the
 whole utterance, replaces the partials.
 
+With ``interim_results=False`` no partial is computed and no ``InterimTranscriptionFrame``
+pushed: finals (still read at the pauses) and long utterances' parts only, as pipecat's
+segmented STT services give. A pipeline that reads no interim frames saves their model calls — in
+``benchmarks/vs_pipecat.py``'s pipecat pipeline, ~30% of the worker's CPU a call.
+
 On EndFrame the finals still owed are awaited (up to ``finish_timeout_s``) and pushed before
 the EndFrame goes on; on CancelFrame nothing is awaited.
 """
@@ -192,12 +197,13 @@ class VoxlineSTTService(STTService):
     None: where onnxruntime is installed, True: required); ``pause_vad``: that VAD's settings
     (voxline's ``[vad]``: its thresholds and its noise-floor rule; default the same defaults
     as a voxline call; its ``threads`` aside: one Silero session serves every service in the
-    process). Other keyword arguments go to pipecat's ``STTService``.
+    process). ``interim_results``: False computes and pushes no partials (see the module).
+    Other keyword arguments go to pipecat's ``STTService``.
     """
 
     def __init__(self, *, engine: ASREngine | None = None, socket_path: str | None = None,
                  asr_config: ASRConfig | None = None, pauses: bool | None = None,
-                 pause_vad: VADConfig | None = None,
+                 pause_vad: VADConfig | None = None, interim_results: bool = True,
                  finish_timeout_s: float = FINISH_TIMEOUT_S, **kwargs) -> None:  # noqa: ANN003
         if engine is not None and socket_path is not None:
             raise ValueError("give an engine or an asr-serve socket_path, not both")
@@ -215,6 +221,7 @@ class VoxlineSTTService(STTService):
         self._engine = engine
         self._socket_path = socket_path
         self._finish_timeout_s = finish_timeout_s
+        self._interim = interim_results
         self._resampler = create_stream_resampler()
         self._offset = 0  # samples (16 kHz) of audio given to the stream
         self._speaking_since: int | None = None  # the open utterance's start, if one is open
@@ -228,6 +235,7 @@ class VoxlineSTTService(STTService):
         self.speculative_finals = 0
         self.adopted_partials = 0
         self.pauses_transcribed = 0  # voxline's VAD pauses inside pipecat's utterances
+        self.partials = 0  # partial transcripts the stream gave (each a model call)
         self._want_pauses = pauses
         self._pause_vad = pause_vad
         self._pauses: _Pauses | None = None
@@ -262,7 +270,8 @@ class VoxlineSTTService(STTService):
         if self._socket_path is not None:
             self._served = ServedStream(self._on_result, self._on_stream_error,
                                         socket_path=self._socket_path or None,
-                                        on_recovered=self._on_stream_recovered)
+                                        on_recovered=self._on_stream_recovered,
+                                        partials=self._interim)
             await self._served.open()
             return
         if self._engine is None:
@@ -273,7 +282,7 @@ class VoxlineSTTService(STTService):
             await self.push_error(f"{self}: no ASR slot free, this pipeline is not transcribed: "
                                   f"{exc}", exception=exc)
             return
-        cfg = stream_config(self._asr_config, RATE).fitting(len(slot.audio))
+        cfg = stream_config(self._asr_config, RATE, self._interim).fitting(len(slot.audio))
         core = ASRStream(slot.audio, cfg, self._engine.partial_room)
         self._slot = slot
         self._driver = StreamDriver(core, self._engine, slot, self._on_result, self._on_failure)
@@ -403,8 +412,12 @@ class VoxlineSTTService(STTService):
 
     # --- results -------------------------------------------------------------------------------
     def _on_result(self, r: Result) -> None:
+        if r.kind is Kind.PARTIAL:
+            self.partials += 1
         if not r.text:
             return  # an utterance with no words (a cough, noise): nothing to say
+        if not (r.final or self._interim):
+            return  # a pause's transcript while the caller may go on: an interim result too
         final = r.kind is Kind.FINAL
         result = VoxlineTranscript(r.text, len(r.text) if r.final else min(r.stable, len(r.text)),
                                    r.start / RATE, r.end / RATE,

@@ -65,6 +65,7 @@ def test_a_pipecat_pipeline_transcribes_real_speech_in_the_shared_engine():
 
     played = asyncio.run(play(stt, pcm, after_audio=during))
     check_transcripts(played, ref)
+    assert stt.partials >= 3  # what interim_results=False saves (the next test)
     assert not stt.holds_slot and shared_engine().pool.in_use == 0
     # from the VAD's decision (speech end + stop_secs) to the final, against what it declares
     lags = []
@@ -73,6 +74,18 @@ def test_a_pipecat_pipeline_transcribes_real_speech_in_the_shared_engine():
         decided = played.fed_at + f.result.end_s - END_PAD_MS / 1000 + VAD_STOP_S
         lags.append(arrived - decided)
     print(f"VAD stop to final: {[round(x, 3) for x in lags]} s; declared p99 {TTFS_P99_S} s")
+
+
+def test_without_interim_results_no_partial_is_computed_and_the_finals_still_come():
+    pcm, ref = speech.joined(("kittens", "honest"), gap_s=1.5, tail_s=1.5)
+    stt = VoxlineSTTService(interim_results=False)
+    played = asyncio.run(play(stt, np.concatenate([np.zeros(8000, np.int16), pcm])))
+    assert not played.errors, [e.error for e in played.errors]
+    assert not played.interims and stt.partials == 0
+    assert len(played.finals) == 2 and all(f.finalized for f in played.finals)
+    assert corpus_wer([(ref, played.text)]) <= MAX_WER, (played.text, ref)
+    # the pauses' transcripts, not pushed as interim frames, still stand for the finals
+    assert stt.pauses_transcribed >= 2 and stt.speculative_finals >= 1
 
 
 def final_lags(played: Played) -> list[float]:
@@ -143,10 +156,12 @@ def test_a_pipecat_pipeline_transcribes_real_speech_through_asr_serve(tmp_path):
         check_transcripts(asyncio.run(play(stt, pcm)), ref)
         assert not stt.holds_slot
         # one slot on the server: a second pipeline is served only if the first gave it back
-        again = asyncio.run(play(VoxlineSTTService(socket_path=served.path),
+        # (and asks for no partials: the server sends none)
+        again = asyncio.run(play(VoxlineSTTService(socket_path=served.path, interim_results=False),
                                  np.concatenate([np.zeros(8000, np.int16), speech.load("wizard"),
                                                  np.zeros(24000, np.int16)])))
         assert not again.errors, [e.error for e in again.errors]
+        assert not again.interims and again.finals
         assert corpus_wer([(speech.text("wizard"), again.text)]) <= MAX_WER, again.text
     finally:
         assert served.stop() == 0
