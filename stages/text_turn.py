@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,24 @@ TRAILING = " \t\n.?!,;:…-–—\"'"  # stripped from the end of a transcript b
 MAX_WORDS_TOKENS = 160
 WINDOW_STEP = 48
 _SLOT = "\x00voxline-words\x00"  # where the caller's words go in the rendered template
+# A transcript ending in one word, or one pair of words, said this many times in a row is the
+# ASR's decoding loop ("5, 5, 5, 5, 5, 5, 5, 5," for a caller's "five five"), not what the
+# caller said: its words read as a list that goes on, so they have no say in the turn's end.
+LOOP_REPEATS = 4
+_WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
+
+
+def ends_in_loop(key: str) -> bool:
+    """Whether ``key`` (a :func:`words_key`) ends in a word or a pair of words repeated
+    :data:`LOOP_REPEATS` times or more."""
+    words = _WORD.findall(key)
+    for unit in (1, 2):
+        n = unit * LOOP_REPEATS
+        tail = words[-n:]
+        if len(tail) == n and (unit == 1 or tail[0] != tail[1]) and all(
+                w == tail[i % unit] for i, w in enumerate(tail)):
+            return True
+    return False
 
 
 @dataclass(slots=True)

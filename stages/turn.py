@@ -36,7 +36,7 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.stage import DOWN, Stage
-from stages.text_turn import words_key
+from stages.text_turn import ends_in_loop, words_key
 
 log = logging.getLogger("voxline.turn")
 
@@ -564,6 +564,8 @@ class TurnDetector(Stage):
         key = words_key(text)
         if not key:
             return NO_SAY  # punctuation alone: nothing for the words to judge
+        if ends_in_loop(key):
+            return NO_SAY  # the ASR's decoding loop: the sound alone judges
         words = self._words
         if words is not None and words.key == key:
             return words

@@ -991,6 +991,43 @@ def test_words_that_are_sure_end_a_turn_the_sound_heard_as_unfinished(p: float, 
     asyncio.run(main())
 
 
+@pytest.mark.parametrize(("text", "loop"), [
+    ("5, 5, 5, 5, 5, 5, 5, 5,", True),  # Whisper's loop on a caller's "five five"
+    ("the ace of, the ace of, the ace of, the ace of", False),  # a unit of three: not caught
+    ("I said no no no", False),  # three times: words
+    ("hearts and clubs, hearts and clubs", False),
+    ("up to ten, ten, ten, ten", True),
+    ("four queen, four queen, four queen, four queen", True),  # a pair of words
+])
+def test_a_transcript_ending_in_a_loop_leaves_the_turn_to_the_sound(text: str, loop: bool
+                                                                   ) -> None:
+    async def main() -> None:
+        words = ScriptedWords({text: 0.001})  # a list that goes on, as the words read it
+        call = words_call(words, verdict=0.95)
+        await call.begin()
+        stop = call.say(900)
+        call.final(text, stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == ([text] if loop else [])
+        assert words.asked == ([] if loop else [text]) and call.turn.text_holds == (not loop)
+    asyncio.run(main())
+
+
+def test_a_loop_the_sound_hears_as_unfinished_waits_the_longest() -> None:
+    async def main() -> None:
+        text = "five, five, five, five, five"
+        words = ScriptedWords({text: 0.9})  # never asked: sure words would end it at 500 ms
+        call = words_call(words, verdict=0.2)
+        await call.begin()
+        stop = call.say(900)
+        call.final(text, stop.started_at, stop.at)
+        await call.settle()
+        end = await _silence_until_end(call)
+        assert call.ends() == [text] and words.asked == []
+        assert 1500 * MS <= end - stop.at < 1560 * MS and call.turn.text_sure_ends == 0
+    asyncio.run(main())
+
+
 def test_a_failing_words_model_is_never_sure() -> None:
     async def main() -> None:
         words = ScriptedWords({}, fail=True)
