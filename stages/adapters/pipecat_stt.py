@@ -34,7 +34,7 @@ whole utterance, replaces the partials.
 With ``interim_results=False`` no partial is computed and no ``InterimTranscriptionFrame``
 pushed: finals (still read at the pauses) and long utterances' parts only, as pipecat's
 segmented STT services give. A pipeline that reads no interim frames saves their model calls — in
-``benchmarks/vs_pipecat.py``'s pipecat pipeline, ~30% of the worker's CPU a call.
+``benchmarks/vs_pipecat.py``'s pipecat pipeline, 25-30% of the worker's CPU a call.
 
 On EndFrame the finals still owed are awaited (up to ``finish_timeout_s``) and pushed before
 the EndFrame goes on; on CancelFrame nothing is awaited.
