@@ -105,7 +105,8 @@ def with_pause(pcm: np.ndarray, at: int, ms: int) -> tuple[np.ndarray, int, int]
 
 
 async def pause_call(cfg: Config, models, pcm: np.ndarray, lo: int, hi: int) -> dict:
-    """One call with an inserted pause through VAD → ASR → turn; where its turns ended."""
+    """One call with an inserted pause through VAD → ASR → turn; where its turns ended, and
+    for a cut-off, how far into the pause and on what words."""
     from transports.file import FileCall
 
     vad_cfg = cfg.vad
@@ -120,16 +121,22 @@ async def pause_call(cfg: Config, models, pcm: np.ndarray, lo: int, hi: int) -> 
     ]
     session = Session(Pipeline(stages), Trace())
     ends: list[int] = []
+    texts: list[str] = []
 
     def on(frame: Frame) -> None:
         if isinstance(frame, UserTurnEnded):
             ends.append(session.offset)
+            texts.append(frame.text)
 
     session.listen(on, frozenset({UserTurnEnded}))
     async with session:
         await FileCall(pcm, fast=True, tail_s=3.0).run(session)
-    inside = [e for e in ends if lo < e <= hi + FRAME_SAMPLES]
-    return {"ends": ends, "cut_off": bool(inside)}
+    inside = [(e, t) for e, t in zip(ends, texts, strict=True) if lo < e <= hi + FRAME_SAMPLES]
+    out: dict = {"ends": ends, "cut_off": bool(inside)}
+    if inside:
+        out["cut_at_ms"] = round((inside[0][0] - lo) * 1000 / SAMPLE_RATE)
+        out["cut_text"] = inside[0][1]
+    return out
 
 
 def config_for(base: Config, name: str) -> Config:
@@ -221,8 +228,14 @@ async def main_async(args: argparse.Namespace, base: Config) -> dict:
             "v2v_p95_ms": float(np.percentile(v2v, 95)) if v2v else None,
             "v2v_turns": len(v2v),
             "pause_calls_s": round(pause_s, 1),
+            # which calls were cut off: the turn's end, ms into the pause, and its words
+            "cut": [{"id": r["id"], "pause_ms": r["pause_ms"], "at_ms": r["cut_at_ms"],
+                     "text": r["cut_text"]} for r in results if r["cut_off"]],
         }
         rows.append(row)
+        for c in row["cut"]:
+            print(f"  {name}: cut off {c['id']} ({c['pause_ms']} ms pause) {c['at_ms']} ms in: "
+                  f"{c['text']!r}", flush=True)
         print(json.dumps(row), flush=True)
     return {"benchmark": "turn_cutoffs", "pauses_ms": list(args.pauses), "rows": rows,
             "rule": "cut-off: UserTurnEnded while the caller is inside the inserted pause; "
