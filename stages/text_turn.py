@@ -43,22 +43,27 @@ TRAILING = " \t\n.?!,;:…-–—\"'"  # stripped from the end of a transcript b
 MAX_WORDS_TOKENS = 160
 WINDOW_STEP = 48
 _SLOT = "\x00voxline-words\x00"  # where the caller's words go in the rendered template
-# A transcript ending in one word, or one pair of words, said this many times in a row is the
-# ASR's decoding loop ("5, 5, 5, 5, 5, 5, 5, 5," for a caller's "five five"), not what the
-# caller said: its words read as a list that goes on, so they have no say in the turn's end.
+# A transcript ending in a word or a phrase said over and over is the ASR's decoding loop ("5, 5,
+# 5, 5, 5, 5, 5, 5," for a caller's "five five"; "why is it one? Why is it one? Why is it one?"
+# for a cut "why should one halt"), not what the caller said: the words read as a list that goes
+# on, or as whatever the loop says, so they have no say in the turn's end. A word or a pair of
+# words counts at LOOP_REPEATS times in a row, a phrase of up to LOOP_PHRASE_WORDS words at
+# LOOP_PHRASE_REPEATS ("no, no, no" and "thank you, thank you" are a caller's words).
 LOOP_REPEATS = 4
+LOOP_PHRASE_REPEATS = 3
+LOOP_PHRASE_WORDS = 8
 _WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
 
 
 def ends_in_loop(key: str) -> bool:
-    """Whether ``key`` (a :func:`words_key`) ends in a word or a pair of words repeated
-    :data:`LOOP_REPEATS` times or more."""
+    """Whether ``key`` (a :func:`words_key`) ends in a loop: a word or a pair of words said
+    :data:`LOOP_REPEATS` times in a row, or a phrase of 3 to :data:`LOOP_PHRASE_WORDS` words
+    said :data:`LOOP_PHRASE_REPEATS` times."""
     words = _WORD.findall(key)
-    for unit in (1, 2):
-        n = unit * LOOP_REPEATS
+    for unit in range(1, LOOP_PHRASE_WORDS + 1):
+        n = unit * (LOOP_REPEATS if unit <= 2 else LOOP_PHRASE_REPEATS)
         tail = words[-n:]
-        if len(tail) == n and (unit == 1 or tail[0] != tail[1]) and all(
-                w == tail[i % unit] for i, w in enumerate(tail)):
+        if len(tail) == n and all(w == tail[i % unit] for i, w in enumerate(tail)):
             return True
     return False
 

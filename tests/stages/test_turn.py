@@ -993,8 +993,10 @@ def test_words_that_are_sure_end_a_turn_the_sound_heard_as_unfinished(p: float, 
 
 @pytest.mark.parametrize(("text", "loop"), [
     ("5, 5, 5, 5, 5, 5, 5, 5,", True),  # Whisper's loop on a caller's "five five"
-    ("the ace of, the ace of, the ace of, the ace of", False),  # a unit of three: not caught
-    ("I said no no no", False),  # three times: words
+    ("why is it one? Why is it one? Why is it one?", True),  # ...on a cut "why should one halt"
+    ("I said why is it one? Why is it one?", False),  # a phrase twice: words
+    ("I said no no no", False),  # a word three times: words
+    ("thank you, thank you, thank you", False),  # a pair of words three times: words
     ("hearts and clubs, hearts and clubs", False),
     ("up to ten, ten, ten, ten", True),
     ("four queen, four queen, four queen, four queen", True),  # a pair of words
