@@ -82,7 +82,7 @@ def test_without_interim_results_no_partial_is_computed_and_the_finals_still_com
     played = asyncio.run(play(stt, np.concatenate([np.zeros(8000, np.int16), pcm])))
     assert not played.errors, [e.error for e in played.errors]
     assert not played.interims and stt.partials == 0
-    assert len(played.finals) == 2 and all(f.finalized for f in played.finals)
+    assert len(played.finals) >= 2 and all(f.finalized for f in played.finals)
     assert corpus_wer([(ref, played.text)]) <= MAX_WER, (played.text, ref)
     # the pauses' transcripts, not pushed as interim frames, still stand for the finals
     assert stt.pauses_transcribed >= 2 and stt.speculative_finals >= 1
