@@ -120,19 +120,17 @@ async def pause_call(cfg: Config, models, pcm: np.ndarray, lo: int, hi: int) -> 
                              text_scorer=models.turn_words),
     ]
     session = Session(Pipeline(stages), Trace())
-    ends: list[int] = []
-    texts: list[str] = []
+    ended: list[tuple[int, str]] = []  # each turn's end (media sample) and words
 
     def on(frame: Frame) -> None:
         if isinstance(frame, UserTurnEnded):
-            ends.append(session.offset)
-            texts.append(frame.text)
+            ended.append((session.offset, frame.text))
 
     session.listen(on, frozenset({UserTurnEnded}))
     async with session:
         await FileCall(pcm, fast=True, tail_s=3.0).run(session)
-    inside = [(e, t) for e, t in zip(ends, texts, strict=True) if lo < e <= hi + FRAME_SAMPLES]
-    out: dict = {"ends": ends, "cut_off": bool(inside)}
+    inside = [(e, t) for e, t in ended if lo < e <= hi + FRAME_SAMPLES]
+    out: dict = {"ends": [e for e, _ in ended], "cut_off": bool(inside)}
     if inside:
         out["cut_at_ms"] = round((inside[0][0] - lo) * 1000 / SAMPLE_RATE)
         out["cut_text"] = inside[0][1]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import logging
 import re
 import threading
@@ -52,14 +53,16 @@ _SLOT = "\x00voxline-words\x00"  # where the caller's words go in the rendered t
 LOOP_REPEATS = 4
 LOOP_PHRASE_REPEATS = 3
 LOOP_PHRASE_WORDS = 8
-_WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
+WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")  # a word of a casefolded transcript
 
 
+@functools.lru_cache(maxsize=256)
 def ends_in_loop(key: str) -> bool:
     """Whether ``key`` (a :func:`words_key`) ends in a loop: a word or a pair of words said
     :data:`LOOP_REPEATS` times in a row, or a phrase of 3 to :data:`LOOP_PHRASE_WORDS` words
-    said :data:`LOOP_PHRASE_REPEATS` times."""
-    words = _WORD.findall(key)
+    said :data:`LOOP_PHRASE_REPEATS` times. Cached: the turn detector asks it at every frame
+    of a pause, and a long turn's words take ~30 us to read."""
+    words = WORD.findall(key)
     for unit in range(1, LOOP_PHRASE_WORDS + 1):
         n = unit * (LOOP_REPEATS if unit <= 2 else LOOP_PHRASE_REPEATS)
         tail = words[-n:]

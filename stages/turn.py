@@ -36,7 +36,7 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.stage import DOWN, Stage
-from stages.text_turn import ends_in_loop, words_key
+from stages.text_turn import WORD, ends_in_loop, words_key
 
 log = logging.getLogger("voxline.turn")
 
@@ -56,7 +56,6 @@ MODEL_SECONDS = 8  # the turn model hears at most the last 8 s of the caller's a
 # fillers and acknowledgements ("hmm", "uh", "mm-hmm"): a caller who says "mm-hmm" over the
 # agent is listening, not taking the turn.
 _ANNOTATION = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")
-_TOKEN = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
 FILLERS = frozenset({
     "hm", "hmm", "hmmm", "mm", "mmm", "mhm", "mm-hmm", "mm-hm", "uh-huh", "uh", "uhh", "um",
     "umm", "er", "erm", "ah", "ahh",
@@ -66,7 +65,7 @@ FILLERS = frozenset({
 def has_words(text: str) -> bool:
     """Whether a transcript holds a spoken word: more than punctuation, sound annotations and
     fillers."""
-    return any(t not in FILLERS for t in _TOKEN.findall(_ANNOTATION.sub("", text).lower()))
+    return any(t not in FILLERS for t in WORD.findall(_ANNOTATION.sub("", text).lower()))
 
 
 class TurnScorer(Protocol):
@@ -586,7 +585,7 @@ class TurnDetector(Stage):
                 self.push_error(f"end-of-turn words model failed ({exc}); judging turns by "
                                 "sound alone")
         else:
-            short = len(_TOKEN.findall(key)) <= self.cfg.text_short_words
+            short = len(WORD.findall(key)) <= self.cfg.text_short_words
             self._words = WordsAnswer(key, float(p), time.monotonic_ns(), short)
         if self._words_asking == key:
             self._words_asking = ""
