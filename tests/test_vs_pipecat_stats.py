@@ -1,5 +1,5 @@
-"""benchmarks/vs_pipecat.py's own arithmetic: rounds pooled into one level, and the bootstrap
-interval of the median ratio it publishes."""
+"""benchmarks/vs_pipecat.py's own arithmetic: rounds pooled into one level, the bootstrap
+interval of the median ratio it publishes, and (z)'s reference words at each VAD stop."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from vs_pipecat import nearest_rank, pool_rounds, ratio_interval  # noqa: E402
+from vs_pipecat import nearest_rank, pool_rounds, ratio_interval, reference_words  # noqa: E402
 
 
 def calls(v2v: dict[str, float | None], round_: int | None = None) -> list[dict]:
@@ -60,3 +60,17 @@ def test_the_interval_widens_with_spread_counts_only_heard_clips_and_needs_pairs
     deaf = calls({k: (None if i < 8 else 1.0) for i, k in enumerate(clips)})
     lo, hi = ratio_interval(deaf, c, set(clips), seed=1)
     assert hi is None and (lo is None or lo >= 2.0)
+
+
+def test_the_reference_stt_gives_each_stop_its_share_of_the_words_and_the_last_stop_the_rest():
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+    # a stop a quarter into the voice: the first quarter of the words
+    text, given = reference_words(words, 0, 1.0, 4.0)
+    assert (text, given) == ("one two", 2)
+    # the next stop just before the voice's end: everything not given yet
+    text, given = reference_words(words, given, 3.95, 4.0)
+    assert (text, given) == ("three four five six seven eight", 8)
+    # a stop after everything was given (a breath after the voice) still gets a word
+    assert reference_words(words, given, 4.5, 4.0) == ("eight", 8)
+    # two stops close together: the second gets the next word, never nothing
+    assert reference_words(words, 2, 1.1, 4.0) == ("three", 3)
