@@ -143,7 +143,8 @@ def config_for(base: Config, name: str) -> Config:
     ``text_wait_ms``), ``words-unsure`` (no early end on sure words), ``words-long`` (no
     lower threshold for short turns; with words-unsure: the words' check of 2026-12-03) or
     ``words-nonear`` (words just short of their threshold wait the full ``text_wait_ms``, as
-    before 2026-12-05)."""
+    before 2026-12-05), ``wait-MS`` (the defaults with ``max_wait_ms`` and ``text_wait_ms``
+    both MS: what a shorter wait for an unfinished-sounding caller costs in cut-offs)."""
     cfg = copy.deepcopy(base)
     if name == "semantic":
         cfg.turn.mode = "semantic"
@@ -159,6 +160,10 @@ def config_for(base: Config, name: str) -> Config:
             cfg.turn.text_sure = 2.0  # P never reaches it
         else:
             cfg.turn.text_short_words = 0
+    elif name.startswith("wait-"):  # the defaults with every wait for more at most MS
+        cfg.turn.mode = "semantic"
+        cfg.turn.text_check = True
+        cfg.turn.max_wait_ms = cfg.turn.text_wait_ms = int(name.removeprefix("wait-"))
     elif name.startswith("words"):
         cfg.turn.mode = "semantic"
         cfg.turn.text_check = True
@@ -186,7 +191,8 @@ async def main_async(args: argparse.Namespace, base: Config) -> dict:
     print(f"{len(items)} pause calls from {len(items) // len(args.pauses)} clips; "
           f"{len(complete)} complete clips for voice-to-voice", flush=True)
     t = time.monotonic()
-    semantic = config_for(base, "words" if any(c.startswith("words") for c in args.configs)
+    semantic = config_for(base, "words" if any(c.startswith(("words", "wait-"))
+                                               for c in args.configs)
                           else "semantic")
     models = load_models(semantic)
     print(f"models loaded in {time.monotonic() - t:.1f} s", flush=True)

@@ -80,6 +80,9 @@ MODES = {
     # the defaults with words just short of their threshold held for the full text_wait_ms
     # however sure the sound, as before 2026-12-05 (now text_near_wait_ms)
     "semantic-nonear": {"turn.text_near_share": 2.0},
+    # the defaults with every wait for a caller heard as unfinished cut to 700 ms (from 1,500):
+    # the p95 a shorter wait buys (its cut-offs: turn_cutoffs.py --configs wait-700)
+    "semantic-wait700": {"turn.max_wait_ms": 700, "turn.text_wait_ms": 700},
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
     # the answer)
