@@ -146,32 +146,22 @@ def config_for(base: Config, name: str) -> Config:
     before 2026-12-05), ``wait-MS`` (the defaults with ``max_wait_ms`` and ``text_wait_ms``
     both MS: what a shorter wait for an unfinished-sounding caller costs in cut-offs)."""
     cfg = copy.deepcopy(base)
-    if name == "semantic":
-        cfg.turn.mode = "semantic"
-        cfg.turn.text_check = False
-    elif name == "words-nonear":  # words just short of their threshold wait text_wait_ms
-        cfg.turn.mode = "semantic"
-        cfg.turn.text_check = True
-        cfg.turn.text_near_share = 2.0  # above the threshold itself: never
-    elif name in ("words-unsure", "words-long"):
-        cfg.turn.mode = "semantic"
-        cfg.turn.text_check = True
-        if name == "words-unsure":
-            cfg.turn.text_sure = 2.0  # P never reaches it
-        else:
-            cfg.turn.text_short_words = 0
-    elif name.startswith("wait-"):  # the defaults with every wait for more at most MS
-        cfg.turn.mode = "semantic"
-        cfg.turn.text_check = True
-        cfg.turn.max_wait_ms = cfg.turn.text_wait_ms = int(name.removeprefix("wait-"))
-    elif name.startswith("words"):
-        cfg.turn.mode = "semantic"
-        cfg.turn.text_check = True
-        if name != "words":
-            cfg.turn.text_wait_ms = int(name.removeprefix("words-"))
-    else:
+    if not (name == "semantic" or name.startswith(("words", "wait-"))):
         cfg.turn.mode = "vad"
         cfg.turn.silence_ms = int(name.removeprefix("vad-"))
+        return cfg
+    cfg.turn.mode = "semantic"
+    cfg.turn.text_check = name != "semantic"
+    if name == "words-nonear":  # words just short of their threshold wait text_wait_ms
+        cfg.turn.text_near_share = 2.0  # above the threshold itself: never
+    elif name == "words-unsure":
+        cfg.turn.text_sure = 2.0  # P never reaches it
+    elif name == "words-long":
+        cfg.turn.text_short_words = 0
+    elif name.startswith("wait-"):  # the defaults with every wait for more at most MS
+        cfg.turn.max_wait_ms = cfg.turn.text_wait_ms = int(name.removeprefix("wait-"))
+    elif name.startswith("words") and name != "words":
+        cfg.turn.text_wait_ms = int(name.removeprefix("words-"))
     return cfg
 
 
@@ -191,9 +181,9 @@ async def main_async(args: argparse.Namespace, base: Config) -> dict:
     print(f"{len(items)} pause calls from {len(items) // len(args.pauses)} clips; "
           f"{len(complete)} complete clips for voice-to-voice", flush=True)
     t = time.monotonic()
-    semantic = config_for(base, "words" if any(c.startswith(("words", "wait-"))
-                                               for c in args.configs)
-                          else "semantic")
+    words = any(c.turn.mode == "semantic" and c.turn.text_check
+                for c in (config_for(base, name) for name in args.configs))
+    semantic = config_for(base, "words" if words else "semantic")
     models = load_models(semantic)
     print(f"models loaded in {time.monotonic() - t:.1f} s", flush=True)
     freeze_after_warmup(base.runtime)
