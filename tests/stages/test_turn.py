@@ -16,6 +16,7 @@ import pytest
 from speech import STEP_IDS, STEPS, perturb
 
 from agent.config import TurnConfig, VADConfig
+from agent.errors import ConfigError
 from agent.frames import (
     ANY_FRAME,
     AudioIn,
@@ -1028,6 +1029,66 @@ def test_a_loop_the_sound_hears_as_unfinished_waits_the_longest() -> None:
         assert call.ends() == [text] and words.asked == []
         assert 1500 * MS <= end - stop.at < 1560 * MS and call.turn.text_sure_ends == 0
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(("text", "hesitating"), [
+    ("I have a cold, um", True),  # SmolLM2 reads the clause before the "um" as whole: 0.16
+    ("a table for, uh...", True),
+    ("Um, um, um, um, um", True),  # a filled pause said over and over is one too, not a loop
+    ("Uh-huh.", False),  # backchannels and "uh-uh" (no) can be a whole answer
+    ("mm-hmm", False),
+    ("no, uh-uh", False),
+    ("play the drum", False),
+])
+def test_words_ending_in_a_filled_pause_hold_the_turn_without_asking(text: str, hesitating: bool
+                                                                   ) -> None:
+    async def main() -> None:
+        words = ScriptedWords({text: 0.9})  # what the words model would say: sure, finished
+        call = words_call(words, verdict=0.95)
+        await call.begin()
+        stop = call.say(900)
+        call.final(text, stop.started_at, stop.at)
+        await call.settle()
+        if not hesitating:
+            assert call.ends() == [text] and words.asked == [text]
+            return
+        assert call.ends() == [] and words.asked == [] and call.turn.text_holds == 1
+        end = await _silence_until_end(call)
+        assert call.ends() == [text] and words.asked == []
+        assert 900 * MS <= end - stop.at < 960 * MS  # text_wait_ms, the words' longest hold
+    asyncio.run(main())
+
+
+def test_a_filled_pause_the_sound_hears_as_unfinished_is_not_ended_by_sure_words() -> None:
+    async def main() -> None:
+        text = "so I was thinking, um"
+        call = words_call(ScriptedWords({text: 0.9}), verdict=0.2)
+        await call.begin()
+        stop = call.say(900)
+        call.final(text, stop.started_at, stop.at)
+        await call.settle()
+        end = await _silence_until_end(call)
+        assert call.ends() == [text] and call.turn.text_sure_ends == 0
+        assert 1500 * MS <= end - stop.at < 1560 * MS  # max_wait_ms
+    asyncio.run(main())
+
+
+def test_no_hesitations_configured_leaves_a_trailing_um_to_the_words_model() -> None:
+    async def main() -> None:
+        text = "I have a cold, um"
+        words = ScriptedWords({text: 0.9})
+        call = words_call(words, verdict=0.95, hesitations="")
+        await call.begin()
+        stop = call.say(900)
+        call.final(text, stop.started_at, stop.at)
+        await call.settle()
+        assert call.ends() == [text] and words.asked == [text]
+    asyncio.run(main())
+
+
+def test_a_hesitation_of_more_than_one_word_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigError, match="turn.hesitations: 'you know' is not one word"):
+        TurnDetector(TurnConfig(hesitations="um, you know"))
 
 
 def test_a_failing_words_model_is_never_sure() -> None:
