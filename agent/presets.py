@@ -86,6 +86,10 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     vad = load(STAGES["vad_model"])(cfg.vad)  # one session; each call forks its own state
     if cfg.turn.mode not in TURN_MODES:  # before any model loads, not at the first call
         raise ConfigError(f"turn.mode: expected one of {', '.join(TURN_MODES)}, got {cfg.turn.mode!r}")
+    if cfg.turn.mode == "semantic" and cfg.turn.text_check:
+        from stages.text_turn import hesitation_words
+
+        hesitation_words(cfg.turn.hesitations)  # a ConfigError now, not at the first call
     if cfg.llm.weights not in LLM_WEIGHTS:
         raise ConfigError(f"llm.weights: expected one of {', '.join(LLM_WEIGHTS)}, "
                           f"got {cfg.llm.weights!r}")

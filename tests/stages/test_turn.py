@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from speech import STEP_IDS, STEPS, perturb
 
-from agent.config import TurnConfig, VADConfig
+from agent.config import Config, TurnConfig, VADConfig
 from agent.errors import ConfigError
 from agent.frames import (
     ANY_FRAME,
@@ -39,6 +39,7 @@ from agent.frames import (
     UserTurnEnded,
 )
 from agent.pipeline import Pipeline
+from agent.presets import load_models
 from agent.stage import Stage, StageContext
 from agent.trace import Trace
 from stages.turn import VAD_VERDICT_LAG, TurnDetector, has_words
@@ -1089,6 +1090,10 @@ def test_no_hesitations_configured_leaves_a_trailing_um_to_the_words_model() -> 
 def test_a_hesitation_of_more_than_one_word_is_a_configuration_error() -> None:
     with pytest.raises(ConfigError, match="turn.hesitations: 'you know' is not one word"):
         TurnDetector(TurnConfig(hesitations="um, you know"))
+    cfg = Config()
+    cfg.turn.hesitations = "um, you know"
+    with pytest.raises(ConfigError, match="turn.hesitations: 'you know' is not one word"):
+        load_models(cfg)  # refused as the models load (before the ASR's), not at a call
 
 
 def test_a_failing_words_model_is_never_sure() -> None:
