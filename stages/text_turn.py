@@ -82,8 +82,8 @@ def hesitation_words(spec: str) -> frozenset[str]:
 
 def ends_in_hesitation(key: str, hesitations: frozenset[str]) -> bool:
     """Whether ``key`` (a :func:`words_key`) ends in one of ``hesitations`` ("...for, um").
-    Reads only the key's last characters (the detector asks at every frame of a pause): two
-    more than the longest hesitation, so a longer last word ("well-um") is never taken for one."""
+    Reads only the key's last characters: two more than the longest hesitation, so a longer
+    last word ("well-um") is never taken for one."""
     if not hesitations:
         return False
     tail = WORD.findall(key[-(max(map(len, hesitations)) + 2):])

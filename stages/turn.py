@@ -128,8 +128,6 @@ class WordsAnswer:
 
 # No words model, a failed one, an empty turn: the words have no say, and never hold a turn.
 NO_SAY = WordsAnswer("", 1.0, judged=False)
-# The caller's words end in a filled pause ("um", ``turn.hesitations``): unfinished, unasked.
-HESITATING = WordsAnswer("", 0.0)
 
 
 @dataclass(slots=True)
@@ -567,13 +565,16 @@ class TurnDetector(Stage):
         key = words_key(text)
         if not key:
             return NO_SAY  # punctuation alone: nothing for the words to judge
-        if ends_in_hesitation(key, self._hesitations):
-            return HESITATING  # "...for, um": the caller is finding the next words
-        if ends_in_loop(key):
-            return NO_SAY  # the ASR's decoding loop: the sound alone judges
         words = self._words
         if words is not None and words.key == key:
             return words
+        if ends_in_hesitation(key, self._hesitations):
+            # "...for, um": the caller is finding the next words. Unfinished, the model not
+            # asked; kept as its answer would be, so the next frames of the pause read it back.
+            self._words = WordsAnswer(key, 0.0, time.monotonic_ns())
+            return self._words
+        if ends_in_loop(key):
+            return NO_SAY  # the ASR's decoding loop: the sound alone judges
         if self._words_asking != key:
             self._words_asking = key
             self.text_calls += 1
