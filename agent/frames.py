@@ -104,7 +104,10 @@ class Transcript(Frame):
 
     Partials may change, except for their first ``stable`` characters; a final never changes.
     A ``speculative`` partial is the whole utterance up to a pause the VAD has not yet
-    confirmed: the final it becomes if the caller does not go on.
+    confirmed: the final it becomes if the caller does not go on. ``end_p``, where the ASR
+    tells it (Whisper's speculative and final transcripts), is its model's P(a sentence ends
+    after the last word), having heard the audio: low for "...that he's in" or a voice that
+    trails off; semantic endpointing reads it.
     """
 
     text: str
@@ -113,6 +116,7 @@ class Transcript(Frame):
     end: int = 0
     stable: int = 0
     speculative: bool = False
+    end_p: float | None = None
 
     def stable_words(self) -> str:
         """The words the ASR will not take back: the stable prefix up to its last whole word

@@ -93,7 +93,11 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     if cfg.llm.weights not in LLM_WEIGHTS:
         raise ConfigError(f"llm.weights: expected one of {', '.join(LLM_WEIGHTS)}, "
                           f"got {cfg.llm.weights!r}")
-    backend = backend_class("asr", cfg.asr.backend)(cfg.asr)
+    semantic = cfg.turn.mode == "semantic"
+    asr_cfg = cfg.asr
+    if semantic and cfg.turn.text_check and cfg.turn.text_asr_end > 0:
+        asr_cfg = dataclasses.replace(asr_cfg, sentence_ends=True)  # the words' check reads it
+    backend = backend_class("asr", cfg.asr.backend)(asr_cfg)
     llm = backend_class("llm", cfg.llm.backend)(cfg.llm) if need_llm else None
     tts = backend_class("tts", cfg.tts.backend)(cfg.tts) if need_tts else None
     for m in (backend, llm, tts):
@@ -106,7 +110,6 @@ def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Mo
     # one engine per model per process: every call's ASR requests share its batches
     asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     # last: its worker thread starts only once every other backend loaded without error
-    semantic = cfg.turn.mode == "semantic"
     words = load(STAGES["turn_words"])(cfg.turn, cfg.llm.weights) if semantic and cfg.turn.text_check else None
     turn = load(STAGES["turn_model"])(cfg.turn) if semantic else None
     return Models(vad=vad, asr=asr, llm=llm, tts=tts, turn=turn, tools=load_tools(cfg, llm),

@@ -143,7 +143,8 @@ def config_for(base: Config, name: str) -> Config:
     ``text_wait_ms``), ``words-unsure`` (no early end on sure words), ``words-long`` (no
     lower threshold for short turns; with words-unsure: the words' check of 2026-12-03) or
     ``words-nonear`` (words just short of their threshold wait the full ``text_wait_ms``, as
-    before 2026-12-05), ``wait-MS`` (the defaults with ``max_wait_ms`` and ``text_wait_ms``
+    before 2026-12-05), ``words-noasrend`` (the ASR's P(a sentence ends) not read,
+    ``turn.text_asr_end`` 0, as before 2026-12-06), ``wait-MS`` (the defaults with ``max_wait_ms`` and ``text_wait_ms``
     both MS: what a shorter wait for an unfinished-sounding caller costs in cut-offs)."""
     cfg = copy.deepcopy(base)
     if not (name == "semantic" or name.startswith(("words", "wait-"))):
@@ -154,6 +155,8 @@ def config_for(base: Config, name: str) -> Config:
     cfg.turn.text_check = name != "semantic"
     if name == "words-nonear":  # words just short of their threshold wait text_wait_ms
         cfg.turn.text_near_share = 2.0  # above the threshold itself: never
+    elif name == "words-noasrend":  # the words' verdict whatever the ASR heard of the end
+        cfg.turn.text_asr_end = 0.0
     elif name == "words-unsure":
         cfg.turn.text_sure = 2.0  # P never reaches it
     elif name == "words-long":

@@ -80,6 +80,9 @@ MODES = {
     # the defaults with words just short of their threshold held for the full text_wait_ms
     # however sure the sound, as before 2026-12-05 (now text_near_wait_ms)
     "semantic-nonear": {"turn.text_near_share": 2.0},
+    # the defaults with the ASR's P(a sentence ends) not read (turn.text_asr_end 0), as before
+    # 2026-12-06 (the models are loaded once, so its ASR still computes it)
+    "semantic-noasrend": {"turn.text_asr_end": 0.0},
     # the defaults with every wait for a caller heard as unfinished cut to 700 ms (from 1,500):
     # the p95 a shorter wait buys (its cut-offs: turn_cutoffs.py --configs wait-700)
     "semantic-wait700": {"turn.max_wait_ms": 700, "turn.text_wait_ms": 700},
@@ -167,6 +170,7 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
             "tool_calls": llm.tool_calls, "fillers": llm.fillers,
             "speculations": llm.speculations, "adopted": llm.adopted,
             "false_interrupts": turn.false_interrupts, "interrupts": turn.interrupts,
+            "text_holds": turn.text_holds, "asr_end_holds": turn.asr_end_holds,
             "asr_adopted": stages["asr"].adopted_partials,
             "gaps": session.playout.gaps, "gap_ms": session.playout.gap_samples * 1000 / SAMPLE_RATE}
 
@@ -184,7 +188,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     models = mode_models(models, cfg)
     pairs_ls, pairs_all = [], []
     per_clip = []
-    tokens = discarded = specs = adopted = gaps = asr_adopted = 0
+    tokens = discarded = specs = adopted = gaps = asr_adopted = text_holds = asr_end_holds = 0
     gap_ms = 0.0
     engine = models.asr.stats
     asr_before = (engine.requests, engine.cancelled, engine.abandoned)
@@ -198,6 +202,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         specs += r["speculations"]
         adopted += r["adopted"]
         asr_adopted += r["asr_adopted"]
+        text_holds += r["text_holds"]
+        asr_end_holds += r["asr_end_holds"]
         gaps += r["gaps"]
         gap_ms += r["gap_ms"]
         hyp = " ".join(r["finals"])
@@ -218,7 +224,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         v2v = [t["spans"]["voice_to_voice"]["ms"] for t in r["turns"]
                if t.get("complete") and "voice_to_voice" in t["spans"]]
         clip_wer = corpus_wer([(m["text"], hyp)])
-        per_clip.append({"id": m["id"], "wer": clip_wer, "v2v_ms": v2v, "wall_s": round(r["wall_s"], 2)})
+        per_clip.append({"id": m["id"], "wer": clip_wer, "v2v_ms": v2v, "wall_s": round(r["wall_s"], 2),
+                         "asr_end_holds": r["asr_end_holds"]})
         print(f"[{label} {i:>2}/{len(manifest)}] {m['id']:<44} WER {clip_wer:6.1%}  "
               f"v2v {', '.join(f'{x:.0f}' for x in v2v) or '-':<20} {r['wall_s']:.1f} s", flush=True)
     return {
@@ -231,6 +238,9 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "llm_tokens": tokens, "llm_tokens_discarded": discarded,
         "preempt_waste": discarded / tokens if tokens else 0.0,
         "speculations": specs, "adopted": adopted,
+        # pauses the sound called finished and the words held; pauses whose words read
+        # finished and the ASR heard no sentence end (turn.text_asr_end) held
+        "turn_holds": {"words": text_holds, "asr_end": asr_end_holds},
         # a reply's audio ran out before its next chunk's came (playout.gaps)
         "reply_gaps": gaps, "reply_gap_ms": round(gap_ms),
         "per_clip": per_clip,

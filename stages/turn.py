@@ -166,6 +166,11 @@ class TurnDetector(Stage):
       answer is kept per text as the model reads it (trailing punctuation and case aside),
       so a final that only adds a full stop or a capital is not asked about again. Words
       ending in a filled pause (``hesitations``: "um", "uh") are unfinished without asking.
+      Where the ASR gives its own P(a sentence ends after the last word) (``Transcript.end_p``,
+      Whisper's, conditioned on the audio), the words of a turn longer than
+      ``text_short_words`` read finished — for an end at once, after ``text_near_wait_ms`` or
+      after ``text_sure_wait_ms`` — only at or above ``text_asr_end``: text that reads whole
+      but was said with more to come.
     * ``vad`` (or no model): ``silence_ms`` of silence ends the turn.
 
     Speech that resumes earlier joins the same turn, whose text is its finals joined in order.
@@ -229,6 +234,7 @@ class TurnDetector(Stage):
         self.text_holds = 0  # turns the sound called finished and the words kept open
         self.text_sure_ends = 0  # turns the sound heard as unfinished and the words ended
         self.text_near_ends = 0  # turns the words held only just, ended after text_near_wait_ms
+        self.asr_end_holds = 0  # pauses whose words read finished and the ASR heard no end
         self.bot_speaking = False
         # A few recent segments are enough to place a late final; older ones fall off.
         self._segments: deque[Segment] = deque(maxlen=8)
@@ -241,6 +247,10 @@ class TurnDetector(Stage):
         self._overlap: Overlap | None = None
         self._tentative: Tentative | None = None
         self._candidate = ""  # the text of the latest TurnCandidate of the open turn
+        # the ASR's P(a sentence ends) after the candidate's text, and after the turn's last
+        # final with words (None: not told)
+        self._candidate_end: float | None = None
+        self._final_end: float | None = None
         # The turn model: its input ring (the latest 8 s of caller audio) and its verdict on
         # the current silence (None: not asked yet, or speech came back since).
         self._ring = np.zeros(MODEL_SECONDS * SAMPLE_RATE if self.scorer else 0, dtype=np.int16)
@@ -256,6 +266,7 @@ class TurnDetector(Stage):
         self._words: WordsAnswer | None = None
         self._words_asking = ""
         self._held = False  # the current pause: sound said finished, the words did not
+        self._asr_held = False  # the current pause: the words read finished, the ASR did not
 
     # --- frames ----------------------------------------------------------------------------
     def process(self, frame: Frame, direction: Direction) -> None:
@@ -289,6 +300,7 @@ class TurnDetector(Stage):
         elif isinstance(frame, EndOfCall):
             self._segments.clear()
             self._parts.clear()
+            self._final_end = self._candidate_end = None
             self._overlap = None
             self._tentative = None
             self._ending = False
@@ -352,10 +364,11 @@ class TurnDetector(Stage):
         """The caller goes on: whatever was judged or prepared for the silence is stale."""
         self._paused = False
         self._candidate = ""
+        self._candidate_end = None
         self._verdict = None
         self._asked_at = -1
         self._decided_ns = 0
-        self._held = False
+        self._held = self._asr_held = False
         self._generation += 1
 
     def _on_speech_stopped(self, frame: SpeechStopped) -> None:
@@ -400,6 +413,7 @@ class TurnDetector(Stage):
         elif frame.speculative:
             seg = self._open
             if seg is not None and seg.role is Role.TURN and self._paused:
+                self._candidate_end = frame.end_p
                 self._offer(" ".join([*self._parts, frame.text.strip()]).strip())
         elif self.text_scorer is not None and not self.text_failures and not self._paused:
             self._warm_words(frame)
@@ -429,6 +443,7 @@ class TurnDetector(Stage):
         text = frame.text.strip()
         if text:
             self._parts.append(text)
+            self._final_end = frame.end_p
         self._last_final_ns = frame.t_ns
         self._check_turn_end()
 
@@ -501,7 +516,8 @@ class TurnDetector(Stage):
         stop = last.stop
         silence = self._heard - stop.at if self._audio_seen else None
         text = " ".join(self._parts) if last.covered else (self._candidate or None)
-        if self.scorer is not None and not self._decided(silence, text):
+        end_p = self._final_end if last.covered else self._candidate_end
+        if self.scorer is not None and not self._decided(silence, text, end_p):
             if last.covered:
                 self._offer(" ".join(self._parts))
             return
@@ -515,22 +531,33 @@ class TurnDetector(Stage):
             return
         self._end_turn(stop)
 
-    def _decided(self, silence: int | None, text: str | None) -> bool:
+    def _decided(self, silence: int | None, text: str | None, end_p: float | None = None) -> bool:
         """Semantic mode: whether the silence so far ends the turn, asking the models when due.
-        ``text`` is the turn's text as far as it is known (None: not yet)."""
+        ``text`` is the turn's text as far as it is known (None: not yet); ``end_p`` the ASR's
+        P(a sentence ends) after it (None: not told)."""
         if silence is None or silence >= self._max_wait:
             return True
         words = self._words_say(text)
         verdict = self._verdict
+        # the ASR heard the sentence end (or does not say): the words may read finished. Not
+        # asked of a short turn: Whisper is as unsure of short answers ("6." 0.38, "7 of clubs"
+        # 0.39) as of short cuts ("why should" 0.40)
+        heard = (end_p is None or words is None or not words.judged or words.short
+                 or end_p >= self.cfg.text_asr_end)
         if verdict is not None and verdict >= self.cfg.complete_threshold:
             if words is None:
                 return False  # the words model's answer (or the text to ask about) is coming
             threshold = self._words_threshold(words)
-            if words.p >= threshold or silence >= self._text_wait:
+            if silence >= self._text_wait:
                 return True
-            if (verdict >= self.cfg.text_near_sound and silence >= self._near_wait
-                    and words.p >= self.cfg.text_near_share * threshold):
-                self.text_near_ends += 1
+            near = (verdict >= self.cfg.text_near_sound and silence >= self._near_wait
+                    and words.p >= self.cfg.text_near_share * threshold)
+            if words.p >= threshold or near:
+                if not heard:
+                    self._hold_for_asr()
+                    return False
+                if words.p < threshold:
+                    self.text_near_ends += 1
                 return True
             if not self._held:
                 self._held = True
@@ -538,8 +565,10 @@ class TurnDetector(Stage):
             return False
         if (silence >= self._sure_wait and words is not None and words.judged
                 and words.p >= self.cfg.text_sure):
-            self.text_sure_ends += 1
-            return True
+            if heard:
+                self.text_sure_ends += 1
+                return True
+            self._hold_for_asr()
         if self.model_failures and verdict is None:
             return silence >= self._silence  # no model for this pause: the fixed silence
         due = self._asked_at < 0 or (
@@ -548,6 +577,12 @@ class TurnDetector(Stage):
         if due and not self._asking:
             self._ask()
         return False
+
+    def _hold_for_asr(self) -> None:
+        """The words read finished, the ASR heard no sentence end: the turn waits on."""
+        if not self._asr_held:
+            self._asr_held = True
+            self.asr_end_holds += 1
 
     def _words_threshold(self, words: WordsAnswer) -> float:
         """The words' P(the message ends) that lets a turn the sound called finished end."""
@@ -637,6 +672,7 @@ class TurnDetector(Stage):
                 seg.role = Role.DONE
         text = " ".join(self._parts)
         self._parts.clear()
+        end_p, self._final_end, self._candidate_end = self._final_end, None, None
         verdict, (asked_ns, scored_ns) = self._verdict, self._model_ns
         words = self._words if self._words is not None and self._words.key == words_key(text) else None
         decided_ns = self._decided_ns
@@ -649,7 +685,7 @@ class TurnDetector(Stage):
         self._asked_at = -1
         self._decided_ns = 0
         self._model_ns = (0, 0)
-        self._held = False
+        self._held = self._asr_held = False
         self._generation += 1
         if not text:
             return
@@ -667,4 +703,6 @@ class TurnDetector(Stage):
                 trace.info(p_complete=round(verdict, 3))
             if words is not None:
                 trace.info(p_words=round(words.p, 3))
+            if end_p is not None:
+                trace.info(p_asr_end=round(end_p, 3))
         self.push(UserTurnEnded(text), DOWN)

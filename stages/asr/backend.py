@@ -28,6 +28,10 @@ class Hypothesis:
     words: tuple[Word, ...] = ()
     tokens: tuple[int, ...] = ()
     token_times: tuple[float, ...] = ()
+    # The model's own P(a sentence ends after the last word): what it gave a full stop, a
+    # question or an exclamation mark as the next token, having heard the audio. None where
+    # the backend does not tell (ASRConfig.sentence_ends, Whisper only).
+    end_p: float | None = None
 
 
 class BatchCost(enum.Enum):

@@ -172,7 +172,8 @@ class StreamingASR(Stage):
 
     def _deliver(self, out: Result) -> None:
         self.push(Transcript(out.text, final=out.final, start=out.start, end=out.end,
-                             stable=out.stable, speculative=out.kind is Kind.SPECULATIVE))
+                             stable=out.stable, speculative=out.kind is Kind.SPECULATIVE,
+                             end_p=out.end_p))
         trace = self.ctx.trace
         if not out.final and out.audio_ns and trace is not None:
             trace.partial_lag((time.monotonic_ns() - out.audio_ns) / 1e6)

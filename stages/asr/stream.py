@@ -190,6 +190,7 @@ class Result:
     end: int
     stable: int
     audio_ns: int = 0
+    end_p: float | None = None  # the model's P(a sentence ends after the last word), if told
 
     @property
     def final(self) -> bool:
@@ -231,7 +232,8 @@ class _Utterance:
     stopped_at: int = 0  # SpeechStopped.at
     target: int = 0  # end of the audio the final must cover
     spec_wanted: int = 0  # a speculative transcription waits for audio up to here
-    spec: tuple[int, int, str] | None = None  # a speculative result: (commit, end, tail text)
+    # a speculative result: (commit, end, tail text, its P(a sentence ends) if told)
+    spec: tuple[int, int, str, float | None] | None = None
 
     def step(self, event: Event) -> None:
         self.phase = TRANSITIONS[(self.phase, event)]
@@ -378,7 +380,7 @@ class ASRStream:
                                                or not self._commit_pending(u)):
             self.speculative_finals += 1
             assert u.spec is not None
-            self._final(u, u.spec[2])
+            self._final(u, u.spec[2], u.spec[3])
             return
         job = self._spec_job(u, u.target)
         if job is not None and job is self._queue_last(u):
@@ -388,9 +390,10 @@ class ASRStream:
         self._queue.append(_Job(Kind.FINAL, u, u.target, self._epoch))
         self._kick()
 
-    def done(self, request_id: int, text: str | None, error: str | None = None) -> None:
+    def done(self, request_id: int, text: str | None, error: str | None = None,
+             end_p: float | None = None) -> None:
         """The model call ``request_id`` returned ``text`` (None: the engine shed it, or the call
-        failed with ``error``)."""
+        failed with ``error``), and the model's P(a sentence ends after it), if it told."""
         job = self._running
         if request_id == self._abandoned:
             self._abandoned = 0
@@ -412,7 +415,7 @@ class ASRStream:
             self._kick()
             return
         if job.epoch == self._epoch:
-            self._deliver(job, text)
+            self._deliver(job, text, end_p)
         else:
             self.discarded += 1
         self._kick()
@@ -427,7 +430,10 @@ class ASRStream:
             self.done(request_id, None, f"{type(exc).__name__}: {exc}")
         else:
             hyp = future.result()
-            self.done(request_id, None if hyp is None else hyp.text)
+            if hyp is None:
+                self.done(request_id, None)
+            else:
+                self.done(request_id, hyp.text, end_p=hyp.end_p)
 
     def end_of_stream(self) -> None:
         """The call is ending: deliver every final still owed at once, with the best text at
@@ -442,8 +448,10 @@ class ASRStream:
                 self._out.append(Result(Kind.SEGMENT, u.text(""), u.start, job.end, len(u.head)))
             elif u.phase is Phase.STOPPED:
                 self.flushed += 1
-                covered = self._spec_covers(u, u.target)
-                self._final(u, u.spec[2] if covered and u.spec else u.shown or u.head)
+                if self._spec_covers(u, u.target) and u.spec:
+                    self._final(u, u.spec[2], u.spec[3])
+                else:
+                    self._final(u, u.shown or u.head)
         self.reset()
 
     def reset(self) -> None:
@@ -600,7 +608,7 @@ class ASRStream:
         self._out.append(Request(job.id, job.kind, job.start, job.end, audio, prompt,
                                  u.started_at))
 
-    def _deliver(self, job: _Job, text: str | None) -> None:
+    def _deliver(self, job: _Job, text: str | None, end_p: float | None = None) -> None:
         u = job.utt
         kind = job.kind
         if kind is Kind.PARTIAL:
@@ -620,19 +628,22 @@ class ASRStream:
             fresh = job.start == self._from(u, kind)
             if text is not None and fresh:
                 text = self._compose(u, kind, text)
-                u.spec = (job.start, job.end, text)
+                u.spec = (job.start, job.end, text, end_p)
                 if u.phase is Phase.SPEAKING and u is self._utt:
                     # The utterance up to the pause, while the VAD still waits to confirm the
                     # end: a partial like any other, and the LLM's cue to prefill its prompt.
-                    self._partial(u, Kind.SPECULATIVE, text, job)
+                    self._partial(u, Kind.SPECULATIVE, text, job, end_p)
             if u.phase is Phase.STOPPED and fresh and job.end >= u.target \
                     and self._queue_last(u) is None:  # the final waited for this
                 if text is not None:
-                    self._final(u, text)
+                    self._final(u, text, end_p)
                 else:
                     self._queue.appendleft(_Job(Kind.FINAL, u, u.target, self._epoch))
         elif kind is Kind.FINAL:
-            self._final(u, self._compose(u, kind, text) if text is not None else u.shown or u.head)
+            if text is not None:
+                self._final(u, self._compose(u, kind, text), end_p)
+            else:
+                self._final(u, u.shown or u.head)
         else:  # SEGMENT
             seg = self._compose(u, kind, text) if text is not None else u.shown or u.head
             self.finals += 1
@@ -644,20 +655,26 @@ class ASRStream:
             u.spec = None
             self._agreement.reset()
 
-    def _partial(self, u: _Utterance, kind: Kind, text: str, job: _Job) -> None:
+    def _partial(self, u: _Utterance, kind: Kind, text: str, job: _Job,
+                 end_p: float | None = None) -> None:
         shown, stable = self._agreement.update(text)
         u.shown = self._agreement.committed_text
         self.partials += 1
         start = u.start if u.segmented else u.started_at
-        self._out.append(Result(kind, shown, start, job.end, stable, job.audio_ns))
+        # the model's P(a sentence ends) holds for what is shown if it ends on the same word
+        same_end = shown.split()[-1:] == text.split()[-1:]
+        self._out.append(Result(kind, shown, start, job.end, stable, job.audio_ns,
+                                end_p if same_end else None))
 
-    def _final(self, u: _Utterance, text: str) -> None:
+    def _final(self, u: _Utterance, text: str, end_p: float | None = None) -> None:
+        """The utterance's final: ``end_p`` is the model's P(a sentence ends) after ``text``
+        (None when the text is a fallback the model did not end on)."""
         if u.phase is not Phase.STOPPED:
             return
         u.step(Event.FINAL)
         start = u.start if u.segmented else (u.started_at or u.start)
         self.finals += 1
-        self._out.append(Result(Kind.FINAL, text, start, u.stopped_at, len(text)))
+        self._out.append(Result(Kind.FINAL, text, start, u.stopped_at, len(text), end_p=end_p))
 
     def _cut(self, u: _Utterance) -> None:
         """End a too-long utterance's current segment at its quietest recent point."""

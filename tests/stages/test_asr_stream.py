@@ -32,9 +32,10 @@ def _cfg(max_utterance_s=25.0, commit_after_s=6.0, **kw) -> StreamConfig:
 class Driver:
     """Feeds a core and answers its requests at once; keeps everything it said."""
 
-    def __init__(self, config: StreamConfig, answer=read) -> None:
+    def __init__(self, config: StreamConfig, answer=read, end_p=None) -> None:
         self.core = ASRStream(np.zeros(config.ring, np.float32), config)
         self.answer = answer
+        self.end_p = end_p  # request -> the model's P(a sentence ends), if it tells
         self.requests: list[Request] = []
         self.results: list[Result] = []
         self.failures: list[Failure] = []
@@ -50,7 +51,7 @@ class Driver:
                     if self.hold:
                         self.held.append(o)
                     else:
-                        self.core.done(o.id, self.answer(o.audio))
+                        self._answer(o)
                 elif isinstance(o, Result):
                     self.results.append(o)
                 elif isinstance(o, Cancel):  # as the engine does: dropped if not started
@@ -62,8 +63,12 @@ class Driver:
     def release(self) -> None:
         held, self.held = self.held, []
         for r in held:
-            self.core.done(r.id, self.answer(r.audio))
+            self._answer(r)
         self.pump()
+
+    def _answer(self, req: Request) -> None:
+        self.core.done(req.id, self.answer(req.audio),
+                       end_p=self.end_p(req) if self.end_p else None)
 
     def play(self, audio: np.ndarray, start: int = 0, events=()) -> None:
         events = sorted(events)
@@ -362,3 +367,55 @@ def test_adopting_partials_can_be_turned_off():
     d.pump()
     assert d.cancelled == [partial.id] and d.requests[-1].kind is Kind.SPECULATIVE
     assert d.core.adopted_partials == 0
+
+
+def _told(req: Request) -> float:
+    """A model's P(a sentence ends), told with every answer: 0.9 for partials, 0.25 else."""
+    return 0.9 if req.kind is Kind.PARTIAL else 0.25
+
+
+def test_the_model_s_sentence_end_reaches_the_pause_transcript_and_the_final():
+    d = Driver(_cfg(), end_p=_told)
+    audio = speech("alpha bravo charlie delta _ _ _")
+    pause = s(1.2)
+    d.play(audio[: s(1.8)], events=[(s(0.06), "started", 0), (pause + 512, "paused", pause)])
+    spec = [r for r in d.results if r.kind is Kind.SPECULATIVE]
+    assert [(r.text, r.end_p) for r in spec] == [("alpha bravo charlie delta", 0.25)]
+    partials = [r for r in d.results if r.kind is Kind.PARTIAL]
+    assert partials and all(r.end_p is None for r in partials)  # nobody judges a partial's end
+    d.core.stopped(pause, 0)
+    d.pump()
+    # the speculative result is the final: it keeps what the model said of its end
+    assert [(r.text, r.end_p) for r in d.results if r.final] == [("alpha bravo charlie delta", 0.25)]
+
+
+def test_a_final_of_its_own_call_carries_its_end_and_a_fallback_final_none():
+    audio = speech("alpha bravo charlie _ _")
+    events = [(s(0.06), "started", 0), (s(1.0), "stopped", s(0.9), 0)]
+    d = Driver(_cfg(), end_p=_told)
+    d.play(audio, events=events)
+    assert [(r.text, r.end_p) for r in d.results if r.final] == [("alpha bravo charlie", 0.25)]
+    failing = Driver(_cfg())
+    failing.hold = True
+    failing.play(audio, events=events)
+    final = next(r for r in failing.held if r.kind is Kind.FINAL)
+    failing.core.done(final.id, None, "RuntimeError: boom", end_p=0.25)
+    failing.pump()
+    # the best text at hand stands in for the final; nothing was heard of its end
+    assert [r.end_p for r in failing.results if r.final] == [None] and failing.failures
+
+
+def test_settle_passes_the_hypothesis_end_on():
+    from concurrent.futures import Future
+
+    from stages.asr.backend import Hypothesis
+
+    d = Driver(_cfg())
+    d.hold = True
+    d.play(speech("alpha bravo _ _"), events=[(s(0.06), "started", 0), (s(0.8), "stopped", s(0.7), 0)])
+    final = next(r for r in d.held if r.kind is Kind.FINAL)
+    fut: Future = Future()
+    fut.set_result(Hypothesis("alpha bravo.", end_p=0.75))
+    d.core.settle(final.id, fut)
+    d.pump()
+    assert [(r.text, r.end_p) for r in d.results if r.final] == [("alpha bravo.", 0.75)]

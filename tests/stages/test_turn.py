@@ -1087,6 +1087,134 @@ def test_no_hesitations_configured_leaves_a_trailing_um_to_the_words_model() -> 
     asyncio.run(main())
 
 
+# --- the ASR's own reading of the end (Transcript.end_p, turn.text_asr_end) ---
+
+
+def _final_heard(call: SemanticCall, text: str, stop: SpeechStopped, end_p: float | None) -> None:
+    call.send(Transcript(text, final=True, start=stop.started_at, end=stop.at, end_p=end_p,
+                         t_ns=call.tick()))
+
+
+WHOLE_READING_CUT = "the cat has taught them that he's in charge"
+
+
+@pytest.mark.parametrize(("text", "end_p", "asr_end", "wait_ms"), [
+    (WHOLE_READING_CUT, 0.9, 0.5, 0),  # the ASR heard a full stop coming: the words stand
+    (WHOLE_READING_CUT, 0.5, 0.5, 0),  # at the bound
+    (WHOLE_READING_CUT, None, 0.5, 0),  # an ASR that does not tell
+    (WHOLE_READING_CUT, 0.3, 0.5, 900),  # said with more to come: text_wait_ms
+    (WHOLE_READING_CUT, 0.01, 0.0, 0),  # text_asr_end 0: not read
+    ("seven of clubs", 0.3, 0.5, 0),  # a short answer: not asked (as unsure as short cuts)
+])
+def test_words_that_read_finished_wait_when_the_asr_heard_no_sentence_end(
+        text: str, end_p: float | None, asr_end: float, wait_ms: int) -> None:
+    async def main() -> None:
+        trace = Trace()
+        call = words_call(ScriptedWords({text: 0.6}), verdict=0.95, trace=trace,
+                          text_asr_end=asr_end)
+        await call.begin()
+        stop = call.say(900)
+        _final_heard(call, text, stop, end_p)
+        await call.settle()
+        if wait_ms:
+            assert call.ends() == []
+            end = await _silence_until_end(call)
+            assert wait_ms * MS <= end - stop.at < (wait_ms + 60) * MS
+        assert call.ends() == [text]  # at once (the final came VAD_STOP_MS after the stop)
+        assert call.turn.asr_end_holds == (wait_ms > 0) and call.turn.text_holds == 0
+        assert trace.current is not None and trace.current.info.get("p_asr_end") == end_p
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("p", "verdict", "end_p", "wait_ms"), [
+    (0.8, 0.2, 0.9, 500),  # sure words, the sound mid-thought: text_sure_wait_ms...
+    (0.8, 0.2, 0.2, 1500),  # ...unless the ASR heard no end: max_wait_ms
+    (0.06, 0.95, 0.9, 500),  # words just short, the sound sure: text_near_wait_ms...
+    (0.06, 0.95, 0.2, 900),  # ...unless the ASR heard no end: text_wait_ms
+])
+def test_the_shorter_waits_need_the_asr_to_have_heard_the_end(
+        p: float, verdict: float, end_p: float, wait_ms: int) -> None:
+    async def main() -> None:
+        text = "he might even have been made amiable himself"
+        call = words_call(ScriptedWords({text: p}), verdict=verdict)
+        await call.begin()
+        stop = call.say(900)
+        _final_heard(call, text, stop, end_p)
+        await call.settle()
+        end = await _silence_until_end(call)
+        assert call.ends() == [text]
+        assert wait_ms * MS <= end - stop.at < (wait_ms + 60) * MS
+        assert call.turn.asr_end_holds == (end_p < 0.5)
+    asyncio.run(main())
+
+
+def test_without_the_words_check_the_asr_end_is_not_read() -> None:
+    async def main() -> None:
+        text = "the cat has taught them that he's in charge"
+        words = ScriptedWords({text: 0.6})
+        for call in (words_call(words, verdict=0.95, text_check=False),  # the sound alone
+                     words_call(ScriptedWords({"5, 5, 5, 5, 5": 0.6}))):  # a loop: the same
+            await call.begin()
+            stop = call.say(900)
+            said = text if call.cfg.text_check is False else "5, 5, 5, 5, 5"
+            _final_heard(call, said, stop, 0.01)
+            await call.settle()
+            assert call.ends() == [said] and call.turn.asr_end_holds == 0
+    asyncio.run(main())
+
+
+def test_the_pause_transcript_s_end_is_judged_until_the_final_comes() -> None:
+    async def main() -> None:
+        text = "your call is now first in line"
+        call = words_call(ScriptedWords({text: 0.6}), verdict=0.95)
+        await call.begin()
+        at = call.speech_start()
+        call.audio(900 - VAD_START_MS)
+        end = call.pos
+        call.audio(40)
+        call.send(SpeechPaused(end, t_ns=call.tick()))
+        # the speculative transcript of the pause: the words read whole, the ASR heard no end
+        call.send(Transcript(text, final=False, start=at, end=end, speculative=True,
+                             end_p=0.2, t_ns=call.tick()))
+        await call.settle()
+        assert call.candidates() == [text]
+        call.audio(VAD_STOP_MS - 40)
+        stop = call.send(SpeechStopped(end, started_at=at, t_ns=call.tick()))
+        await call.settle()
+        assert call.ends() == [] and call.turn.asr_end_holds == 1
+        _final_heard(call, text, stop, 0.7)  # the final hears it end after all
+        await call.settle()
+        assert call.ends() == [text]
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("mode", "text_check", "asr_end", "told"), [
+    ("semantic", True, 0.5, True),  # the defaults: the words' check reads it
+    ("vad", True, 0.5, False),
+    ("semantic", False, 0.5, False),
+    ("semantic", True, 0.0, False),
+])
+def test_the_asr_tells_sentence_ends_only_where_the_turn_reads_them(
+        monkeypatch: pytest.MonkeyPatch, mode: str, text_check: bool, asr_end: float,
+        told: bool) -> None:
+    from agent import presets
+
+    class Built(Exception):
+        pass
+
+    def backend_class(kind: str, name: str):  # noqa: ANN202
+        def build(cfg):  # noqa: ANN001, ANN202
+            raise Built(cfg.sentence_ends)  # what the ASR backend was asked for; load no more
+        return build
+
+    monkeypatch.setattr(presets, "backend_class", backend_class)
+    cfg = Config()
+    cfg.turn.mode, cfg.turn.text_check, cfg.turn.text_asr_end = mode, text_check, asr_end
+    with pytest.raises(Built) as built:
+        load_models(cfg)
+    assert built.value.args == (told,) and cfg.asr.sentence_ends is False  # its own untouched
+
+
 def test_a_hesitation_of_more_than_one_word_is_a_configuration_error() -> None:
     with pytest.raises(ConfigError, match="turn.hesitations: 'you know' is not one word"):
         TurnDetector(TurnConfig(hesitations="um, you know"))
