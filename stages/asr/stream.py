@@ -662,9 +662,10 @@ class ASRStream:
         self.partials += 1
         start = u.start if u.segmented else u.started_at
         # the model's P(a sentence ends) holds for what is shown if it ends on the same word
-        same_end = shown.split()[-1:] == text.split()[-1:]
-        self._out.append(Result(kind, shown, start, job.end, stable, job.audio_ns,
-                                end_p if same_end else None))
+        # (only a pause's transcript has one: a partial's every 400 ms is not split)
+        if end_p is not None and shown.split()[-1:] != text.split()[-1:]:
+            end_p = None
+        self._out.append(Result(kind, shown, start, job.end, stable, job.audio_ns, end_p))
 
     def _final(self, u: _Utterance, text: str, end_p: float | None = None) -> None:
         """The utterance's final: ``end_p`` is the model's P(a sentence ends) after ``text``
