@@ -34,6 +34,13 @@ class Hypothesis:
     end_p: float | None = None
 
 
+def ask_sentence_ends(backend: object) -> bool:
+    """Ask ``backend`` to tell :attr:`Hypothesis.end_p` from now on; whether it will. A backend
+    that can has ``tell_sentence_ends() -> bool`` (Whisper); the others never tell it."""
+    tell = getattr(backend, "tell_sentence_ends", None)
+    return bool(tell()) if callable(tell) else False
+
+
 class BatchCost(enum.Enum):
     """How the cost of one backend call grows with its batch."""
 

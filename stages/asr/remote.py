@@ -18,6 +18,7 @@ the same way.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import socket
@@ -35,6 +36,8 @@ from agent.errors import VoxlineError
 from stages.asr import local_socket, wire
 from stages.asr.backend import ASRCapabilities, BatchCost, Hypothesis
 
+log = logging.getLogger("voxline.asr.remote")
+
 SHM_ABOVE_S = 30.0  # buffers longer than this go through shared memory instead of the socket
 # Calls in flight at once (the engine's lanes). The server batches every client's streams
 # itself, so a call here costs a waiting thread and no CPU; with one lane a final waited out
@@ -42,6 +45,9 @@ SHM_ABOVE_S = 30.0  # buffers longer than this go through shared memory instead 
 # lets a final overtake the partials of a few windows while the requests of one process still
 # reach the server together, where they share its batches.
 DEFAULT_LANES = 4
+# finals with words and not one sentence end among them: the server's backend cannot tell it
+# (Whisper leaves one out only where its decoding stopped at the last word)
+UNTOLD_AFTER = 5
 RECONNECT_S = 15.0  # how long a request waits for a lost asr-serve to come back
 BACKOFF_FIRST_S = 0.05  # the first reconnect waits this long, each next one twice as long...
 BACKOFF_MAX_S = 1.0  # ...up to this
@@ -65,7 +71,10 @@ class RemoteASRBackend:
 
     ``transcribe_batch`` sends every buffer as its own stream (OPEN without partials, AUDIO,
     END) in one write and waits for the finals, so the server batches them with everybody
-    else's work. Thread-safe: any number of worker threads may call it at once; writes are
+    else's work. With ``cfg.sentence_ends`` each stream asks for the model's P(a sentence ends)
+    (``{"end_p": true}``), which a Whisper server then tells (:attr:`Hypothesis.end_p`); a
+    server whose backend cannot leaves it None, and an older server that refuses the option
+    gets the request again without it — either said once in the log. Thread-safe: any number of worker threads may call it at once; writes are
     serialised by a lock and a reader thread hands each FINAL to the caller waiting for it.
     A broken connection is re-opened, and the requests it lost are sent again (see the module).
     """
@@ -102,6 +111,11 @@ class RemoteASRBackend:
         self._waiters: dict[int, Future[Hypothesis]] = {}
         self._next = 0
         self._connections = 0
+        self._open = {"partials": False}
+        self.sentence_ends = False
+        if cfg.sentence_ends:
+            self.tell_sentence_ends()
+        self._worded = self._told = 0  # finals with words; of them, those with the end told
 
     # --- the backend interface ---------------------------------------------------------------
     @property
@@ -156,7 +170,7 @@ class RemoteASRBackend:
                         shms.append(shm)
                         frames.append(wire.encode_shm(sid, shm.name, pcm.nbytes, len(pcm)))
                     else:
-                        frames.append(wire.encode_open(sid, {"partials": False}))
+                        frames.append(wire.encode_open(sid, self._open))
                         frames.extend(wire.encode_audio_chunks(sid, pcm.tobytes()))
                         frames.append(wire.encode_end(sid))
                 try:
@@ -168,6 +182,13 @@ class RemoteASRBackend:
             for shm in shms:
                 shm.close()
                 shm.unlink()
+
+    def tell_sentence_ends(self) -> bool:
+        """Ask the server for the sentence end on every request from now on (it tells it where
+        its backend can; see the class)."""
+        self._open = {"partials": False, "end_p": True}
+        self.sentence_ends = True
+        return True
 
     def warmup(self) -> None:
         """Connect now, so a missing server is reported at start-up rather than mid-call."""
@@ -250,7 +271,19 @@ class RemoteASRBackend:
         if fut is None:
             return
         if isinstance(msg, wire.Final):
-            fut.set_result(Hypothesis(msg.text))
+            if self.sentence_ends and msg.text:
+                self._worded += 1
+                self._told += msg.end_p is not None
+                if self._worded == UNTOLD_AFTER and not self._told:
+                    log.warning("asr-serve at %s tells no sentence end (its backend cannot): "
+                                "turns are judged without the ASR's end", self.path)
+            fut.set_result(Hypothesis(msg.text, end_p=msg.end_p))
+        elif (isinstance(msg, wire.Error) and msg.code is wire.ErrorCode.BAD_REQUEST
+              and "'end_p'" in msg.message and "end_p" in self._open):
+            self._open = {"partials": False}  # a server from before the option: ask no more
+            log.warning("asr-serve at %s does not know the sentence-end option (an older "
+                        "server): turns are judged without the ASR's end", self.path)
+            fut.set_exception(_Again("asr-serve refused the sentence-end option"))
         elif isinstance(msg, wire.Error):
             error = _Again if msg.code in (wire.ErrorCode.CAPACITY, wire.ErrorCode.LIMIT) else RemoteASRError
             fut.set_exception(error(f"asr-serve refused the request: {msg.message}"))

@@ -192,15 +192,9 @@ class WhisperBackend:
         self._lock = threading.Lock()
         self._token_bytes = words.TokenBytes(self._tokenizer)
         self._align_start = self._sot_sequence[:-1]  # align adds <|notimestamps|> itself
-        # P(a sentence ends) after the last word needs the decoder's distribution at every
-        # step (2-11% more per call, measured: CTranslate2 copies it out); which tokens carry
-        # a word, and which end a sentence, are read off the vocabulary once.
-        self.sentence_ends = cfg.sentence_ends
-        if self.sentence_ends:
-            pieces = [self._tokenizer.decode([t]) for t in range(self._eot)]
-            self._word_token = np.array([any(c.isalnum() for c in p) for p in pieces])
-            self._end_tokens = np.array([t for t, p in enumerate(pieces)
-                                         if p.strip() in SENTENCE_ENDS])
+        self.sentence_ends = False
+        if cfg.sentence_ends:
+            self.tell_sentence_ends()
         # Word times: encode and align have no asynchronous form, so with several workers each
         # piece of a batch runs on a thread of its own (CTranslate2 releases the GIL).
         self._pool = (
@@ -429,6 +423,20 @@ class WhisperBackend:
         if not any(c.isalnum() for c in text) or (no_speech and is_letter_loop(text)):
             return Hypothesis("")  # punctuation alone, or a letter's loop: how Whisper spells noise
         return Hypothesis(text, tokens=tuple(tokens), end_p=self._end_p(result))
+
+    def tell_sentence_ends(self) -> bool:
+        """From now on every hypothesis carries ``end_p`` (what ``ASRConfig.sentence_ends``
+        asks at start-up; asr-serve asks when a client first wants it). It needs the decoder's
+        distribution at every step: 2-11% more per call, measured (CTranslate2 copies it out).
+        Which tokens carry a word, and which end a sentence, are read off the vocabulary once
+        (~30 ms), before the calls already running can see the switch."""
+        if not self.sentence_ends:
+            pieces = [self._tokenizer.decode([t]) for t in range(self._eot)]
+            self._word_token = np.array([any(c.isalnum() for c in p) for p in pieces])
+            self._end_tokens = np.array([t for t, p in enumerate(pieces)
+                                         if p.strip() in SENTENCE_ENDS])
+            self.sentence_ends = True
+        return True
 
     def _end_p(self, result: Any) -> float | None:
         """P(a sentence ends) at the step after the transcript's last word: the decoder's

@@ -16,8 +16,10 @@ the utterance started, for PAUSED where the voice itself stopped plus one — 0:
 Server → client: PARTIAL and FINAL (``end u64 | start u64 | stable u32 | flags u8 | text
 utf-8``: the text covers stream samples ``[start, end)``, its first ``stable`` characters
 (UTF-8 bytes' characters, as Python counts them) never change; flags: SPECULATIVE — a partial
-of the utterance up to a pause, LAST — no more results follow on this stream), ERROR (``code
-u16 | message utf-8``).
+of the utterance up to a pause, LAST — no more results follow on this stream, END_P — a ``u16``
+before the text carries the model's P(a sentence ends after the last word) in 65,535ths; sent
+only on a stream whose OPEN asked for it, ``{"end_p": true}``, so a client that does not know
+the flag never sees it), ERROR (``code u16 | message utf-8``).
 
 Shared-memory segments are named ``voxline-asr-<pid>-<hex>`` (:func:`shm_name`): the pid is the
 client process's, so a server that knows its peer's pid (``SO_PEERCRED``) reads only segments
@@ -46,6 +48,8 @@ _HEADER = struct.Struct(">IBI")
 HEADER_SIZE = _HEADER.size  # 9
 _SHM = struct.Struct(">QQ")
 _RESULT = struct.Struct(">QQIB")
+_END_P = struct.Struct(">H")
+END_P_SCALE = 0xFFFF
 _EVENT = struct.Struct(">BQQ")
 _ERROR = struct.Struct(">H")
 _MAX_STREAM = 0xFFFF_FFFF
@@ -74,6 +78,7 @@ class Flag(IntFlag):
     NONE = 0
     SPECULATIVE = 1  # a partial: the utterance up to a pause, sent before its end is confirmed
     LAST = 2  # the stream's last result: the server has released it
+    END_P = 4  # the result carries the model's P(a sentence ends after its last word)
 
 
 class ErrorCode(IntEnum):
@@ -132,6 +137,7 @@ class Partial:
     start: int = 0
     stable: int = 0  # leading characters that never change
     flags: Flag = Flag.NONE
+    end_p: float | None = None  # P(a sentence ends after the last word), where told
 
     @property
     def speculative(self) -> bool:
@@ -146,6 +152,7 @@ class Final:
     start: int = 0
     stable: int = 0
     flags: Flag = Flag.NONE
+    end_p: float | None = None
 
     @property
     def last(self) -> bool:
@@ -226,23 +233,28 @@ def encode_pause(stream: int, at: int, voice_end: int = -1) -> bytes:
 
 
 def _result(kind: Kind, stream: int, text: str, samples: int, start: int, stable: int,
-            flags: Flag) -> bytes:
+            flags: Flag, end_p: float | None) -> bytes:
     data = text.encode()
     if len(data) > MAX_TEXT:  # cut at a character boundary, and the stable prefix with it
         text = data[:MAX_TEXT].decode(errors="ignore")
         data, stable = text.encode(), min(stable, len(text))
-    return _frame(kind, stream, _RESULT.pack(samples, start, stable, flags) + data)
+    flags &= ~Flag.END_P  # the flag says what the payload holds: set here, from end_p alone
+    if end_p is None:
+        return _frame(kind, stream, _RESULT.pack(samples, start, stable, flags) + data)
+    told = _END_P.pack(round(min(max(end_p, 0.0), 1.0) * END_P_SCALE))
+    return _frame(kind, stream, _RESULT.pack(samples, start, stable, flags | Flag.END_P) + told + data)
 
 
 def encode_partial(stream: int, text: str, samples: int, start: int = 0, stable: int = 0,
-                   flags: Flag = Flag.NONE) -> bytes:
-    return _result(Kind.PARTIAL, stream, text, samples, start, stable, flags)
+                   flags: Flag = Flag.NONE, end_p: float | None = None) -> bytes:
+    return _result(Kind.PARTIAL, stream, text, samples, start, stable, flags, end_p)
 
 
 def encode_final(stream: int, text: str, samples: int, start: int = 0, stable: int | None = None,
-                 flags: Flag = Flag.LAST) -> bytes:
+                 flags: Flag = Flag.LAST, end_p: float | None = None) -> bytes:
+    """A FINAL; ``end_p`` (sent with the END_P flag) only to a stream that asked for it."""
     return _result(Kind.FINAL, stream, text, samples, start,
-                   len(text) if stable is None else stable, flags)
+                   len(text) if stable is None else stable, flags, end_p)
 
 
 def encode_error(stream: int, code: ErrorCode, message: str) -> bytes:
@@ -264,10 +276,10 @@ def encode(msg: Message) -> bytes:
             return encode_event(msg.stream, msg.event, msg.at, msg.started_at)
         case Partial():
             return encode_partial(msg.stream, msg.text, msg.samples, msg.start, msg.stable,
-                                  msg.flags)
+                                  msg.flags, msg.end_p)
         case Final():
             return encode_final(msg.stream, msg.text, msg.samples, msg.start, msg.stable,
-                                msg.flags)
+                                msg.flags, msg.end_p)
         case Error():
             return encode_error(msg.stream, msg.code, msg.message)
     raise TypeError(f"not a wire message: {msg!r}")
@@ -321,11 +333,18 @@ def _parse(kind: int, stream: int, payload: bytes) -> Message:
         if len(payload) < _RESULT.size:
             raise ProtocolError(f"{Kind(kind).name} payload too short")
         samples, start, stable, flags = _RESULT.unpack_from(payload)
-        text = _text(payload[_RESULT.size :], f"{Kind(kind).name} text")
-        if stable > len(text) or flags & ~int(Flag.SPECULATIVE | Flag.LAST):
+        at, end_p = _RESULT.size, None
+        if flags & Flag.END_P:
+            if len(payload) < at + _END_P.size:
+                raise ProtocolError(f"{Kind(kind).name} with END_P has no room for it")
+            (told,) = _END_P.unpack_from(payload, at)
+            at, end_p = at + _END_P.size, told / END_P_SCALE
+        text = _text(payload[at:], f"{Kind(kind).name} text")
+        if stable > len(text) or flags & ~int(Flag.SPECULATIVE | Flag.LAST | Flag.END_P):
             raise ProtocolError(f"{Kind(kind).name} has a bad stable count or flags")
+        # END_P is the payload's layout, told by end_p itself: the message's flags are the rest
         return (Partial if kind == Kind.PARTIAL else Final)(
-            stream, text, samples, start, stable, Flag(flags))
+            stream, text, samples, start, stable, Flag(flags & ~Flag.END_P), end_p)
     if kind == Kind.ERROR:
         if len(payload) < _ERROR.size:
             raise ProtocolError("ERROR payload too short")

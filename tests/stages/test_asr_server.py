@@ -532,3 +532,108 @@ def test_the_asr_serve_command(pcm, tmp_path):
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
     assert rc == 0
+
+
+def test_a_remote_backend_that_asks_gets_the_servers_sentence_end(pcm, tmp_path):
+    """The ASR's P(a sentence ends) over the socket: what the words' check of an agent on a
+    shared asr-serve reads. The first stream that asks switches the backend on; streams that
+    do not ask get finals as before (no END_P on the wire)."""
+    from stages.asr.whisper import WhisperBackend
+
+    be = WhisperBackend(ASRConfig())  # its own: this test switches it on
+    be.warmup()
+    floats = [int16_to_float(pcm[name]) for name in CLIPS]
+
+    async def main():
+        engine, server, path = await serve(be, tmp_path)
+        plain = RemoteASRBackend(ASRConfig(model=path))
+        told = RemoteASRBackend(ASRConfig(model=path, sentence_ends=True))
+        before = await asyncio.to_thread(plain.transcribe_batch, floats)
+        switched = (be.sentence_ends, server.sentence_ends)
+        after = await asyncio.to_thread(told.transcribe_batch, floats)
+        still = await asyncio.to_thread(plain.transcribe_batch, floats[:1])
+        c = await Client.connect(path)
+        c.send(wire.encode_open(5, {"end_p": True}), wire.encode_audio(5, pcm["honest"].tobytes()),
+               wire.encode_end(5))
+        final = await c.final(5)
+        c.close()
+        for r in (plain, told):
+            r.close()
+        await server.close()
+        engine.close()
+        return before, switched, after, still, final
+
+    before, switched, after, still, final = asyncio.run(main())
+    assert [h.end_p for h in before] == [None] * len(CLIPS) and switched == (False, None)
+    assert be.sentence_ends and still[0].end_p is None  # on for the engine, sent where asked
+    local = be.transcribe_batch(floats)  # the same model in this process
+    for name, remote, here in zip(CLIPS, after, local, strict=True):
+        assert remote.text == here.text, name
+        # whole sentences, read as such (0.89-0.95 here): carried in 65,535ths
+        assert here.end_p > 0.6 and abs(remote.end_p - here.end_p) <= 1 / wire.END_P_SCALE, name
+    assert isinstance(final, wire.Final) and abs(final.end_p - local[2].end_p) <= 1 / wire.END_P_SCALE
+
+
+def test_an_older_server_refusing_the_sentence_end_still_transcribes(backend, pcm, tmp_path,
+                                                                      monkeypatch, caplog):
+    from stages.asr import server as server_mod
+
+    old = {k: v for k, v in server_mod.OPTIONS.items() if k != "end_p"}
+    monkeypatch.setattr(server_mod, "OPTIONS", old)  # as asr-serve was before the option
+
+    async def main():
+        engine, server, path = await serve(backend, tmp_path)
+        told = RemoteASRBackend(ASRConfig(model=path, sentence_ends=True))
+        hyps = await asyncio.to_thread(told.transcribe_batch, [int16_to_float(pcm["kittens"])])
+        again = await asyncio.to_thread(told.transcribe_batch, [int16_to_float(pcm["honest"])])
+        told.close()
+        await server.close()
+        engine.close()
+        return hyps + again, told.resent
+
+    with caplog.at_level("WARNING", logger="voxline.asr.remote"):
+        hyps, resent = asyncio.run(main())
+    assert judged(("kittens", hyps[0].text), ("honest", hyps[1].text)) <= MAX_WER
+    assert [h.end_p for h in hyps] == [None, None]
+    assert resent == 1  # the first request once more, without the option; the next never asks
+    assert "does not know the sentence-end option" in caplog.text
+
+
+class _Untelling:
+    """A backend that cannot tell the sentence end (as Parakeet's): the real model without it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = "untelling"
+        self.capabilities, self.sample_rate, self.max_batch = (
+            inner.capabilities, inner.sample_rate, inner.max_batch)
+
+    def transcribe_batch(self, audio, prompts=None, **kw):
+        return self.inner.transcribe_batch(audio, prompts, **kw)
+
+    def warmup(self):
+        pass
+
+
+def test_a_backend_that_cannot_tell_the_sentence_end_says_so_once(backend, pcm, tmp_path, caplog):
+    from stages.asr.remote import UNTOLD_AFTER
+
+    floats = [int16_to_float(pcm[name]) for name in CLIPS] * 2
+
+    async def main():
+        engine, server, path = await serve(_Untelling(backend), tmp_path)
+        told = RemoteASRBackend(ASRConfig(model=path, sentence_ends=True))
+        hyps = []
+        for f in floats:  # one at a time: the warning comes at the UNTOLD_AFTER-th
+            hyps += await asyncio.to_thread(told.transcribe_batch, [f])
+        told.close()
+        await server.close()
+        engine.close()
+        return hyps, server.sentence_ends
+
+    with caplog.at_level("WARNING"):
+        hyps, told = asyncio.run(main())
+    assert told is False and [h.end_p for h in hyps] == [None] * len(floats)
+    assert all(h.text for h in hyps) and len(floats) > UNTOLD_AFTER
+    assert "backend 'untelling' cannot tell it" in caplog.text
+    assert caplog.text.count("tells no sentence end") == 1

@@ -34,6 +34,9 @@ messages = st.one_of(
               st.integers(0, 2**63)),
     st.builds(Partial, streams, texts, st.integers(0, 2**63)),
     st.builds(Final, streams, texts, st.integers(0, 2**63)),
+    # a sentence end is carried in 65,535ths: these values come back exactly
+    st.builds(Final, streams, texts, st.integers(0, 2**63),
+              end_p=st.integers(0, wire.END_P_SCALE).map(lambda k: k / wire.END_P_SCALE)),
     st.builds(Error, streams, st.sampled_from(list(ErrorCode)), texts),
 )
 
@@ -131,6 +134,8 @@ def test_messages_before_a_violation_are_kept_and_nothing_after():
          "bad stable count"),
         (struct.pack(">IBI", 27, wire.Kind.PARTIAL, 1) + struct.pack(">QQIB", 1, 0, 0, 8) + b"a",
          "bad stable count or flags"),
+        (struct.pack(">IBI", 27, wire.Kind.FINAL, 1) + struct.pack(">QQIB", 1, 0, 0, 4) + b"\x01",
+         "END_P has no room for it"),
         (struct.pack(">IBI", 22, wire.Kind.EVENT, 1) + struct.pack(">BQQ", 9, 0, 0),
          "unknown speech event 9"),
         (struct.pack(">IBI", 6, wire.Kind.EVENT, 1) + b"\x01", "EVENT payload is 17 bytes"),
@@ -189,3 +194,22 @@ def test_the_limit_and_forbidden_codes_round_trip():
     for code in (wire.ErrorCode.LIMIT, wire.ErrorCode.FORBIDDEN):
         (msg,) = Decoder().feed(wire.encode_error(0, code, "no"))
         assert msg == Error(0, code, "no")
+
+
+def test_a_sentence_end_rides_on_a_result_only_where_given():
+    plain = wire.encode_final(4, "Go on.", 16000)
+    told = wire.encode_final(4, "Go on.", 16000, end_p=0.75)
+    # without it the frame is the layout every client knows, byte for byte
+    assert len(plain) == wire.HEADER_SIZE + 21 + len("Go on.")
+    assert plain[wire.HEADER_SIZE + 20] == Flag.LAST
+    assert len(told) == len(plain) + 2 and told[wire.HEADER_SIZE + 20] == Flag.LAST | Flag.END_P
+    (a,), (b,) = Decoder().feed(plain), Decoder().feed(told)
+    assert a.end_p is None and a.flags == b.flags == Flag.LAST and a.text == b.text == "Go on."
+    assert abs(b.end_p - 0.75) <= 1 / wire.END_P_SCALE
+    (p,) = Decoder().feed(wire.encode_partial(4, "Go on", 8000, 0, 2, Flag.SPECULATIVE, 0.0))
+    assert p.speculative and p.end_p == 0.0 and p.stable == 2
+    # the flag follows end_p, whatever flags the caller passed; out-of-range values are clamped
+    (c,) = Decoder().feed(wire.encode_final(4, "x", 1, flags=Flag.LAST | Flag.END_P))
+    assert c.end_p is None
+    assert [m.end_p for m in Decoder().feed(wire.encode_final(4, "x", 1, end_p=1.7)
+                                            + wire.encode_final(4, "x", 1, end_p=-0.2))] == [1.0, 0.0]
