@@ -175,6 +175,19 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
             "gaps": session.playout.gaps, "gap_ms": session.playout.gap_samples * 1000 / SAMPLE_RATE}
 
 
+def timeline(events: list[dict[str, float]]) -> dict:
+    """Where the turns' time goes: the median of each trace event (ms after the voice stopped,
+    the trace's origin) in the order of those medians, and how many turns waited for their
+    decision — their reply's first audio ready before the turn was judged over — rather than
+    for the reply."""
+    names = {k for e in events for k in e}
+    med = {k: float(np.median([e[k] for e in events if k in e])) for k in names}
+    both = [e for e in events if "vad_decision" in e and "tts_first_audio" in e]
+    return {"median_ms": {k: round(med[k], 1) for k in sorted(med, key=med.__getitem__)},
+            "turns": len(events), "with_both": len(both),
+            "waited_for_decision": sum(e["vad_decision"] > e["tts_first_audio"] for e in both)}
+
+
 def percentiles(xs: list[float]) -> dict:
     a = np.asarray(xs)
     return {"n": len(xs), "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95))}
@@ -188,6 +201,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     models = mode_models(models, cfg)
     pairs_ls, pairs_all = [], []
     per_clip = []
+    events: list[dict[str, float]] = []  # each complete turn's trace events
     tokens = discarded = specs = adopted = gaps = asr_adopted = text_holds = asr_end_holds = 0
     gap_ms = 0.0
     engine = models.asr.stats
@@ -220,6 +234,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
                     continue  # reported on their own
                 for k, v in turn["spans"].items():
                     spans.setdefault(k, []).append(v["ms"])
+                events.append(turn.get("events_ms", {}))
         spans["partial_lag"].extend(r["partial_lag_ms"])
         v2v = [t["spans"]["voice_to_voice"]["ms"] for t in r["turns"]
                if t.get("complete") and "voice_to_voice" in t["spans"]]
@@ -233,6 +248,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "wer_all": corpus_wer(pairs_all),
         "ref_words_librispeech": sum(len(normalize(r)) for r, _ in pairs_ls),
         "spans_ms": {k: percentiles(xs) for k, xs in spans.items() if xs},
+        "timeline": timeline(events),
         "tool_turns": {"voice_to_voice_ms": percentiles(tool_v2v) if tool_v2v else None,
                        "tool_calls": tool_calls, "fillers": fillers},
         "llm_tokens": tokens, "llm_tokens_discarded": discarded,
@@ -291,6 +307,13 @@ def print_table(res: dict) -> None:
                 f"{modes[m]['spans_ms'][k]['p50']:>16.1f}{modes[m]['spans_ms'][k]['p95']:>16.1f}"
                 if k in modes[m]["spans_ms"] else f"{'-':>16}{'-':>16}" for m in names)
             print(f"{k:<18}{cells}")
+    for m in names:
+        tl = modes[m].get("timeline")
+        if tl and tl["median_ms"]:
+            steps = ", ".join(f"{k} {v:.0f}" for k, v in tl["median_ms"].items() if k != "speech_end")
+            print(f"{m}: the median turn, ms after the voice stopped: {steps}; "
+                  f"{tl['waited_for_decision']} of {tl['with_both']} turns had their first audio "
+                  "ready before the decision")
     for m in names:
         tt = modes[m].get("tool_turns") or {}
         if tt.get("voice_to_voice_ms"):
