@@ -144,7 +144,8 @@ def config_for(base: Config, name: str) -> Config:
     lower threshold for short turns; with words-unsure: the words' check of 2026-12-03) or
     ``words-nonear`` (words just short of their threshold wait the full ``text_wait_ms``, as
     before 2026-12-05), ``words-noasrend`` (the ASR's P(a sentence ends) not read,
-    ``turn.text_asr_end`` 0, as before 2026-12-06), ``wait-MS`` (the defaults with ``max_wait_ms`` and ``text_wait_ms``
+    ``turn.text_asr_end`` 0, as before 2026-12-06), ``words-asrendNN`` (``text_asr_end`` NN/100),
+    ``wait-MS`` (the defaults with ``max_wait_ms`` and ``text_wait_ms``
     both MS: what a shorter wait for an unfinished-sounding caller costs in cut-offs)."""
     cfg = copy.deepcopy(base)
     if not (name == "semantic" or name.startswith(("words", "wait-"))):
@@ -157,6 +158,8 @@ def config_for(base: Config, name: str) -> Config:
         cfg.turn.text_near_share = 2.0  # above the threshold itself: never
     elif name == "words-noasrend":  # the words' verdict whatever the ASR heard of the end
         cfg.turn.text_asr_end = 0.0
+    elif name.startswith("words-asrend"):  # the ASR's end read at NN/100 (words-asrend80)
+        cfg.turn.text_asr_end = int(name.removeprefix("words-asrend")) / 100
     elif name == "words-unsure":
         cfg.turn.text_sure = 2.0  # P never reaches it
     elif name == "words-long":

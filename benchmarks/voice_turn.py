@@ -83,6 +83,10 @@ MODES = {
     # the defaults with the ASR's P(a sentence ends) not read (turn.text_asr_end 0), as before
     # 2026-12-06 (the models are loaded once, so its ASR still computes it)
     "semantic-noasrend": {"turn.text_asr_end": 0.0},
+    # the defaults with the ASR's sentence end read at 0.8 (from 0.5): the words count as
+    # finished only where the ASR is fairly sure a sentence ended (its cut-offs: turn_cutoffs.py
+    # --configs words-asrend80)
+    "semantic-asrend80": {"turn.text_asr_end": 0.8},
     # the defaults with every wait for a caller heard as unfinished cut to 700 ms (from 1,500):
     # the p95 a shorter wait buys (its cut-offs: turn_cutoffs.py --configs wait-700)
     "semantic-wait700": {"turn.max_wait_ms": 700, "turn.text_wait_ms": 700},

@@ -74,9 +74,10 @@ class RemoteASRBackend:
     else's work. With ``cfg.sentence_ends`` each stream asks for the model's P(a sentence ends)
     (``{"end_p": true}``), which a Whisper server then tells (:attr:`Hypothesis.end_p`); a
     server whose backend cannot leaves it None, and an older server that refuses the option
-    gets the request again without it — either said once in the log. Thread-safe: any number of worker threads may call it at once; writes are
-    serialised by a lock and a reader thread hands each FINAL to the caller waiting for it.
-    A broken connection is re-opened, and the requests it lost are sent again (see the module).
+    gets the request again without it — either said once in the log. Thread-safe: any number
+    of worker threads may call it at once; writes are serialised by a lock and a reader thread
+    hands each FINAL to the caller waiting for it. A broken connection is re-opened, and the
+    requests it lost are sent again (see the module).
     """
 
     name = "remote"

@@ -83,10 +83,11 @@ class ASRServer:
     so it gets the same partials (with stable prefixes), speculative results and finals. With
     OPEN ``{"events": true}`` the client sends its VAD's events and gets a FINAL per utterance
     (and END once everything is delivered); without, the whole stream is one utterance, and its
-    one FINAL comes at END. With ``{"end_p": true}`` the finals and speculative partials carry the
-    model's P(a sentence ends after their last word) where the backend can tell it (Whisper):
-    the first stream that asks switches it on for the whole engine (2-11% more per call). Past the longest utterance (``stream.max_utterance``) it is cut at
-    a quiet point, so a stream may be any length. Whole files (OPEN ``{"file": true}`` or a
+    one FINAL comes at END. With ``{"end_p": true}`` a stream's finals and speculative partials
+    carry the model's P(a sentence ends after their last word) where the backend can tell it
+    (Whisper): the first stream that asks switches it on for the whole engine (2-11% more per
+    call). Past the longest utterance (``stream.max_utterance``) it is cut at a quiet point, so
+    a stream may be any length. Whole files (OPEN ``{"file": true}`` or a
     shared-memory segment) are cut into chunks and transcribed as batches.
 
     Limits, per connection unless said: ``max_streams`` open at once (default half the slots, so
