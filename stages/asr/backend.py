@@ -34,13 +34,6 @@ class Hypothesis:
     end_p: float | None = None
 
 
-def ask_sentence_ends(backend: object) -> bool:
-    """Ask ``backend`` to tell :attr:`Hypothesis.end_p` from now on; whether it will. A backend
-    that can has ``tell_sentence_ends() -> bool`` (Whisper); the others never tell it."""
-    tell = getattr(backend, "tell_sentence_ends", None)
-    return bool(tell()) if callable(tell) else False
-
-
 class BatchCost(enum.Enum):
     """How the cost of one backend call grows with its batch."""
 
@@ -66,6 +59,8 @@ class ASRCapabilities:
     stream's requests in order, one at a time. ``abandonable``: ``transcribe_batch`` takes a
     ``wanted`` callable (one bool per buffer) and asks it between its stages (Whisper: after
     the encoder), so a call whose requests nobody waits for any more stops there.
+    ``sentence_ends``: the backend can tell :attr:`Hypothesis.end_p` once asked, and
+    implements :class:`SentenceEndBackend` (Whisper; the remote backend asks its server).
     ``sample_rate``: the audio it takes, in Hz.
     """
 
@@ -77,6 +72,7 @@ class ASRCapabilities:
     word_times: bool = False
     stateful: bool = False
     abandonable: bool = False
+    sentence_ends: bool = False
 
     def __post_init__(self) -> None:
         if self.sample_rate <= 0 or self.max_batch < 1 or self.lanes < 1:
@@ -116,6 +112,27 @@ class ASRBackend(Protocol):
 
 
 StreamState = object  # whatever a stateful backend keeps per stream; opaque to everyone else
+
+
+@runtime_checkable
+class SentenceEndBackend(ASRBackend, Protocol):
+    """A backend that can tell the model's P(a sentence ends after the last word), declared by
+    ``capabilities.sentence_ends``: after :meth:`tell_sentence_ends` its hypotheses carry it
+    (:attr:`Hypothesis.end_p`, None where it cannot be read)."""
+
+    def tell_sentence_ends(self) -> None: ...
+
+
+def ask_sentence_ends(backend: ASRBackend) -> bool:
+    """Ask ``backend`` to tell :attr:`Hypothesis.end_p` from now on; whether it will (what its
+    capabilities declare)."""
+    if not backend.capabilities.sentence_ends:
+        return False
+    if not isinstance(backend, SentenceEndBackend):
+        raise TypeError(f"ASR backend {backend.name!r} declares sentence_ends but lacks "
+                        "tell_sentence_ends — implement it or declare sentence_ends=False")
+    backend.tell_sentence_ends()
+    return True
 
 
 @runtime_checkable

@@ -102,6 +102,7 @@ class RemoteASRBackend:
             batch_cost=BatchCost.LINEAR,
             prompts=False,  # the wire protocol carries no per-request prompt
             word_times=False,  # a FINAL carries text only
+            sentence_ends=True,  # asked of the server (which tells it where its backend can)
         )
         self.timeout_s = timeout_s
         self.reconnect_s = reconnect_s
@@ -184,12 +185,11 @@ class RemoteASRBackend:
                 shm.close()
                 shm.unlink()
 
-    def tell_sentence_ends(self) -> bool:
+    def tell_sentence_ends(self) -> None:
         """Ask the server for the sentence end on every request from now on (it tells it where
         its backend can; see the class)."""
         self._open = {"partials": False, "end_p": True}
         self.sentence_ends = True
-        return True
 
     def warmup(self) -> None:
         """Connect now, so a missing server is reported at start-up rather than mid-call."""

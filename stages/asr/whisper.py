@@ -162,6 +162,7 @@ class WhisperBackend:
             prompts=True,  # the previous text goes in as <|startofprev|>
             word_times=word_times,
             abandonable=True,  # a call nobody waits for stops after the encoder
+            sentence_ends=True,  # the decoder's P of a sentence mark after the last word
         )
         self.model_dir = _check_model_dir(Path(cfg.model) if cfg.model else embedded_model_dir())
         self._ct2 = ctranslate2
@@ -424,7 +425,7 @@ class WhisperBackend:
             return Hypothesis("")  # punctuation alone, or a letter's loop: how Whisper spells noise
         return Hypothesis(text, tokens=tuple(tokens), end_p=self._end_p(result))
 
-    def tell_sentence_ends(self) -> bool:
+    def tell_sentence_ends(self) -> None:
         """From now on every hypothesis carries ``end_p`` (what ``ASRConfig.sentence_ends``
         asks at start-up; asr-serve asks when a client first wants it). It needs the decoder's
         distribution at every step: 2-11% more per call, measured (CTranslate2 copies it out).
@@ -436,7 +437,6 @@ class WhisperBackend:
             self._end_tokens = np.array([t for t, p in enumerate(pieces)
                                          if p.strip() in SENTENCE_ENDS])
             self.sentence_ends = True
-        return True
 
     def _end_p(self, result: Any) -> float | None:
         """P(a sentence ends) at the step after the transcript's last word: the decoder's

@@ -15,6 +15,7 @@ def test_declares_its_lanes_and_what_the_wire_carries():
     assert caps.sample_rate == remote.sample_rate == 16000
     assert caps.batch_cost is BatchCost.LINEAR  # so a final never waits for partials
     assert not (caps.prompts or caps.word_times or caps.stateful)
+    assert caps.sentence_ends and not remote.sentence_ends  # it can ask; nobody asked yet
 
 
 def test_lanes_come_from_the_argument_then_the_configured_workers():

@@ -2,6 +2,7 @@
 OpenAI-compatible endpoint through a real HTTP client, the remote backend, and bad clients."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -605,8 +606,8 @@ class _Untelling:
     def __init__(self, inner):
         self.inner = inner
         self.name = "untelling"
-        self.capabilities, self.sample_rate, self.max_batch = (
-            inner.capabilities, inner.sample_rate, inner.max_batch)
+        self.capabilities = dataclasses.replace(inner.capabilities, sentence_ends=False)
+        self.sample_rate, self.max_batch = inner.sample_rate, inner.max_batch
 
     def transcribe_batch(self, audio, prompts=None, **kw):
         return self.inner.transcribe_batch(audio, prompts, **kw)
@@ -637,3 +638,13 @@ def test_a_backend_that_cannot_tell_the_sentence_end_says_so_once(backend, pcm, 
     assert all(h.text for h in hyps) and len(floats) > UNTOLD_AFTER
     assert "backend 'untelling' cannot tell it" in caplog.text
     assert caplog.text.count("tells no sentence end") == 1
+
+
+def test_a_backend_that_declares_the_sentence_end_must_tell_it(backend):
+    from stages.asr.backend import ask_sentence_ends
+
+    liar = _Untelling(backend)
+    liar.capabilities = dataclasses.replace(liar.capabilities, sentence_ends=True)
+    with pytest.raises(TypeError, match="declares sentence_ends but lacks tell_sentence_ends"):
+        ask_sentence_ends(liar)
+    assert not ask_sentence_ends(_Untelling(backend))
