@@ -282,6 +282,7 @@ class RemoteASRBackend:
         elif (isinstance(msg, wire.Error) and msg.code is wire.ErrorCode.BAD_REQUEST
               and "'end_p'" in msg.message and "end_p" in self._open):
             self._open = {"partials": False}  # a server from before the option: ask no more
+            self.sentence_ends = False
             log.warning("asr-serve at %s does not know the sentence-end option (an older "
                         "server): turns are judged without the ASR's end", self.path)
             fut.set_exception(_Again("asr-serve refused the sentence-end option"))

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -217,6 +217,16 @@ Output = Request | Result | Cancel | Failure
 _NONE: tuple[Output, ...] = ()  # what take() hands back when there is nothing
 
 
+class _Spec(NamedTuple):
+    """A speculative result: the audio ``[start, end)`` it read, its text (composed) and the
+    model's P(a sentence ends) after it, if told."""
+
+    start: int
+    end: int
+    text: str
+    end_p: float | None
+
+
 @dataclass(slots=True, eq=False)
 class _Utterance:
     start: int  # first sample of the current segment (moves on when a long utterance is cut)
@@ -232,8 +242,7 @@ class _Utterance:
     stopped_at: int = 0  # SpeechStopped.at
     target: int = 0  # end of the audio the final must cover
     spec_wanted: int = 0  # a speculative transcription waits for audio up to here
-    # a speculative result: (commit, end, tail text, its P(a sentence ends) if told)
-    spec: tuple[int, int, str, float | None] | None = None
+    spec: _Spec | None = None  # the latest speculative result
 
     def step(self, event: Event) -> None:
         self.phase = TRANSITIONS[(self.phase, event)]
@@ -380,7 +389,7 @@ class ASRStream:
                                                or not self._commit_pending(u)):
             self.speculative_finals += 1
             assert u.spec is not None
-            self._final(u, u.spec[2], u.spec[3])
+            self._final(u, u.spec.text, u.spec.end_p)
             return
         job = self._spec_job(u, u.target)
         if job is not None and job is self._queue_last(u):
@@ -449,7 +458,7 @@ class ASRStream:
             elif u.phase is Phase.STOPPED:
                 self.flushed += 1
                 if self._spec_covers(u, u.target) and u.spec:
-                    self._final(u, u.spec[2], u.spec[3])
+                    self._final(u, u.spec.text, u.spec.end_p)
                 else:
                     self._final(u, u.shown or u.head)
         self.reset()
@@ -489,8 +498,8 @@ class ASRStream:
         return any(j.utt is u and j.kind is Kind.COMMIT for j in (*jobs, *self._queue))
 
     def _spec_covers(self, u: _Utterance, end: int) -> bool:
-        return u.spec is not None and u.spec[0] == self._from(u, Kind.SPECULATIVE) \
-            and u.spec[1] >= end
+        return u.spec is not None and u.spec.start == self._from(u, Kind.SPECULATIVE) \
+            and u.spec.end >= end
 
     def _spec_job(self, u: _Utterance, end: int) -> _Job | None:
         jobs = [self._running] if self._running is not None else []
@@ -628,7 +637,7 @@ class ASRStream:
             fresh = job.start == self._from(u, kind)
             if text is not None and fresh:
                 text = self._compose(u, kind, text)
-                u.spec = (job.start, job.end, text, end_p)
+                u.spec = _Spec(job.start, job.end, text, end_p)
                 if u.phase is Phase.SPEAKING and u is self._utt:
                     # The utterance up to the pause, while the VAD still waits to confirm the
                     # end: a partial like any other, and the LLM's cue to prefill its prompt.
