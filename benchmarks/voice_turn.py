@@ -87,6 +87,9 @@ MODES = {
     # finished only where the ASR is fairly sure a sentence ended (its cut-offs: turn_cutoffs.py
     # --configs words-asrend80)
     "semantic-asrend80": {"turn.text_asr_end": 0.8},
+    # the defaults with an end the ASR is sure of not standing in for words that read
+    # unfinished (turn.text_asr_sure above 1), as before 2026-12-06's fourth session
+    "semantic-noasrsure": {"turn.text_asr_sure": 2.0},
     # the defaults with every wait for a caller heard as unfinished cut to 700 ms (from 1,500):
     # the p95 a shorter wait buys (its cut-offs: turn_cutoffs.py --configs wait-700)
     "semantic-wait700": {"turn.max_wait_ms": 700, "turn.text_wait_ms": 700},

@@ -117,13 +117,15 @@ class Segment:
 class WordsAnswer:
     """The words model's answer on one text: P(the message ends) for its ``key``
     (``words_key``), when it came, whether the text is short (``text_short_words``), and
-    whether the model judged it at all."""
+    whether the model judged it at all (``filled``: not asked, the words end in a filled
+    pause)."""
 
     key: str
     p: float
     at_ns: int = 0
     short: bool = False
     judged: bool = True
+    filled: bool = False
 
 
 # No words model, a failed one, an empty turn: the words have no say, and never hold a turn.
@@ -170,7 +172,10 @@ class TurnDetector(Stage):
       Whisper's, conditioned on the audio), the words of a turn longer than
       ``text_short_words`` read finished — for an end at once, after ``text_near_wait_ms`` or
       after ``text_sure_wait_ms`` — only at or above ``text_asr_end``: text that reads whole
-      but was said with more to come.
+      but was said with more to come. The other way round, an end the ASR is sure of (at or
+      above ``text_asr_sure``) ends a turn the sound called finished and the words did not
+      after ``text_near_wait_ms``: a question whose last word is a preposition ("What's the
+      weather like?") reads unfinished without its voice.
     * ``vad`` (or no model): ``silence_ms`` of silence ends the turn.
 
     Speech that resumes earlier joins the same turn, whose text is its finals joined in order.
@@ -235,6 +240,7 @@ class TurnDetector(Stage):
         self.text_sure_ends = 0  # turns the sound heard as unfinished and the words ended
         self.text_near_ends = 0  # turns the words held only just, ended after text_near_wait_ms
         self.asr_end_holds = 0  # pauses whose words read finished and the ASR heard no end
+        self.asr_sure_ends = 0  # turns the words held and the ASR's sure end ended
         self.bot_speaking = False
         # A few recent segments are enough to place a late final; older ones fall off.
         self._segments: deque[Segment] = deque(maxlen=8)
@@ -559,6 +565,10 @@ class TurnDetector(Stage):
                 if words.p < threshold:
                     self.text_near_ends += 1
                 return True
+            if (end_p is not None and end_p >= self.cfg.text_asr_sure and words.judged
+                    and not words.filled and silence >= self._near_wait):
+                self.asr_sure_ends += 1  # two readers of three hear the end
+                return True
             if not self._held:
                 self._held = True
                 self.text_holds += 1
@@ -606,7 +616,7 @@ class TurnDetector(Stage):
         if ends_in_hesitation(key, self._hesitations):
             # "...for, um": the caller is finding the next words. Unfinished, the model not
             # asked; kept as its answer would be, so the next frames of the pause read it back.
-            self._words = WordsAnswer(key, 0.0, time.monotonic_ns())
+            self._words = WordsAnswer(key, 0.0, time.monotonic_ns(), filled=True)
             return self._words
         if ends_in_loop(key):
             return NO_SAY  # the ASR's decoding loop: the sound alone judges

@@ -1148,6 +1148,35 @@ def test_the_shorter_waits_need_the_asr_to_have_heard_the_end(
     asyncio.run(main())
 
 
+@pytest.mark.parametrize(("text", "verdict", "end_p", "asr_sure", "wait_ms"), [
+    ("what's the weather like", 0.55, 0.94, 0.9, 500),  # the ASR sure: text_near_wait_ms
+    ("what's the weather like", 0.55, 0.9, 0.9, 500),  # at the bound
+    ("what's the weather like", 0.55, 0.85, 0.9, 900),  # less sure: text_wait_ms
+    ("what's the weather like", 0.55, None, 0.9, 900),  # an ASR that does not tell
+    ("what's the weather like", 0.55, 0.99, 1.1, 900),  # text_asr_sure above 1: never
+    ("what's the weather like", 0.3, 0.94, 0.9, 1500),  # the sound mid-thought: max_wait_ms
+    ("seven of", 0.55, 0.95, 0.9, 500),  # a short turn as well
+    ("I have a cold, um", 0.95, 0.97, 0.9, 900),  # a filled pause: the words' longest hold
+])
+def test_an_end_the_asr_is_sure_of_outweighs_words_that_read_unfinished(
+        text: str, verdict: float, end_p: float | None, asr_sure: float, wait_ms: int) -> None:
+    async def main() -> None:
+        # the LM reads "what's the weather like" without its voice: a preposition last
+        words = ScriptedWords({text: 0.001})
+        call = words_call(words, verdict=verdict, text_asr_sure=asr_sure)
+        await call.begin()
+        stop = call.say(900)
+        _final_heard(call, text, stop, end_p)
+        await call.settle()
+        assert call.ends() == []
+        end = await _silence_until_end(call)
+        assert call.ends() == [text]
+        assert wait_ms * MS <= end - stop.at < (wait_ms + 60) * MS
+        assert call.turn.asr_sure_ends == (wait_ms == 500)
+        assert call.turn.text_holds == (verdict >= 0.5)
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(("text", "text_check"), [
     ("the cat has taught them that he's in charge", False),  # the sound alone judges
     ("5, 5, 5, 5, 5", True),  # a loop: the same
