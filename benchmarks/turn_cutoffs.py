@@ -4,9 +4,12 @@ silences and for semantic endpointing (the Smart Turn model), all in one run.
 
 The set: clips of ../shared/data/speech with at least 6 words. For each, one word boundary in
 the middle third of the sentence (not after punctuation; the shortest gap there, so the cut is
-inside fluent speech) is found with faster-whisper's word timestamps (tiny.en, int8); a pause of
-300-1,000 ms is inserted there, filled with the clip's own quietest 100 ms (its noise floor),
-tiled. Boundaries are cached in ``benchmarks/results/turn_cutoff_set.json``.
+inside fluent speech) is found with faster-whisper's word timestamps (tiny.en, int8), the cut
+placed at the quietest point between the two words and checked by reading each side alone
+(``--set quiet``, ``word_boundaries``; ``--set times``: where the word times meet, the set
+until 2026-12-06); a pause of 300-1,000 ms is inserted there, filled with the clip's own
+quietest 100 ms (its noise floor), tiled. Boundaries are cached in
+``benchmarks/results/turn_cutoff_set_quiet.json`` (``turn_cutoff_set.json`` for ``times``).
 
 Cut-off: the turn detector ends the turn (``UserTurnEnded``) while the caller is inside the
 inserted pause. That is stricter than "agent audio starts inside the pause": a turn that ends
@@ -25,6 +28,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,15 +52,29 @@ from agent.session import Session  # noqa: E402
 from agent.trace import Trace  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "speech"
-SET_FILE = ROOT / "benchmarks" / "results" / "turn_cutoff_set.json"
+SETS = {  # which cut (``word_boundaries``): its cached boundaries
+    "quiet": ROOT / "benchmarks" / "results" / "turn_cutoff_set_quiet.json",
+    "times": ROOT / "benchmarks" / "results" / "turn_cutoff_set.json",
+}
 PAUSES_MS = (300, 500, 700, 1000)
 MIN_WORDS = 6
 
 
-def word_boundaries(manifest: list[dict]) -> dict[str, dict]:
-    """Per clip: the chosen boundary (sample) and its words, from Whisper word timestamps."""
-    if SET_FILE.is_file():
-        cached = json.loads(SET_FILE.read_text())
+def word_boundaries(manifest: list[dict], kind: str = "quiet") -> dict[str, dict]:
+    """Per clip: the chosen boundary (sample) and its words, from Whisper word timestamps.
+
+    The candidates are the boundaries in the middle third of the sentence not after
+    punctuation, the shortest gap first (fluent speech). ``times`` takes the first and cuts
+    where tiny.en's times for the two words meet (the set of 2026-12-03 to 06). Those times are
+    coarse: in about half the clips that point lies inside a vowel, so the pause split a word
+    ("affected He|ster", "a love|ly") and the ASR read half a word as a whole one. ``quiet``
+    cuts at the quietest 20 ms within 120 ms of the meeting point (inside the two words'
+    span), and keeps a candidate only where Whisper, reading the audio on each side alone,
+    ends with the first word and starts with the second; else it tries the next candidate,
+    and a clip with none passing is left out."""
+    set_file = SETS[kind]
+    if set_file.is_file():
+        cached = json.loads(set_file.read_text())
         if all(m["id"] in cached for m in manifest):
             return cached
     from faster_whisper import WhisperModel
@@ -64,26 +82,63 @@ def word_boundaries(manifest: list[dict]) -> dict[str, dict]:
     from stages.asr.whisper import embedded_model_dir
 
     model = WhisperModel(str(embedded_model_dir()), device="cpu", compute_type="int8", cpu_threads=2)
+
+    def read(pcm: np.ndarray, word_times: bool = False) -> list:
+        segs, _ = model.transcribe(pcm.astype(np.float32) / 32768, language="en", beam_size=1,
+                                   word_timestamps=word_times, vad_filter=False)
+        return list(segs)
+
     out: dict[str, dict] = {}
     for i, m in enumerate(manifest, 1):
         pcm = read_audio(DATA / m["path"])
-        segs, _ = model.transcribe(pcm.astype(np.float32) / 32768, language="en", beam_size=1,
-                                   word_timestamps=True, vad_filter=False)
-        words = [w for s in segs for w in (s.words or [])]
+        words = [w for s in read(pcm, word_times=True) for w in (s.words or [])]
         entry: dict = {"words": len(words), "boundary": None}
         if len(words) >= MIN_WORDS:
             lo, hi = len(words) // 3, max(len(words) // 3 + 1, 2 * len(words) // 3)
-            options = [(words[k + 1].start - words[k].end, k) for k in range(lo, min(hi, len(words) - 1))
-                       if not words[k].word.strip().endswith((".", "?", "!", ",", ";", ":"))]
-            if options:
-                _, k = min(options)
-                cut = (words[k].end + words[k + 1].start) / 2
-                entry.update(boundary=int(cut * SAMPLE_RATE), before=words[k].word.strip(),
-                             after=words[k + 1].word.strip())
+            options = sorted(
+                (words[k + 1].start - words[k].end, k) for k in range(lo, min(hi, len(words) - 1))
+                if not words[k].word.strip().endswith((".", "?", "!", ",", ";", ":")))
+            if kind == "times":
+                options = options[:1]
+            for rank, (_, k) in enumerate(options):
+                w0, w1 = words[k], words[k + 1]
+                if kind == "times":
+                    cut, level = int((w0.end + w1.start) / 2 * SAMPLE_RATE), None
+                else:
+                    cut, level = quiet_cut(pcm, w0, w1)
+                    left = tokens(" ".join(s.text for s in read(pcm[:cut])))
+                    right = tokens(" ".join(s.text for s in read(pcm[cut:])))
+                    if left[-1:] != tokens(w0.word)[-1:] or right[:1] != tokens(w1.word)[:1]:
+                        continue
+                entry.update(boundary=cut, before=w0.word.strip(), after=w1.word.strip(),
+                             level_db=level, rank=rank)
+                break
         out[m["id"]] = entry
         print(f"  words [{i}/{len(manifest)}] {m['id']}: {entry}", flush=True)
-    SET_FILE.write_text(json.dumps(out, indent=1))
+    set_file.write_text(json.dumps(out, indent=1))
     return out
+
+
+def tokens(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+(?:'[a-z]+)?", text.lower())
+
+
+def quiet_cut(pcm: np.ndarray, w0, w1) -> tuple[int, float]:  # noqa: ANN001
+    """The quietest 20 ms (10-ms steps) within 120 ms of where the two words' times meet,
+    inside their span: its middle (sample) and its level in dB against the clip's loudest
+    20 ms."""
+    hop, win = SAMPLE_RATE // 100, SAMPLE_RATE // 50
+    x = pcm.astype(np.float64)
+    energy = np.convolve(x * x, np.ones(win), "valid")[::hop] / win  # window j starts at j*hop
+    meet = (w0.end + w1.start) / 2
+    first = max(meet - 0.12, w0.start + 0.05) * SAMPLE_RATE - win / 2
+    last = min(meet + 0.12, w1.end - 0.05) * SAMPLE_RATE - win / 2
+    js = np.arange(max(0, int(np.ceil(first / hop))), min(len(energy), int(last // hop) + 1))
+    if not len(js):
+        return int(meet * SAMPLE_RATE), 0.0
+    j = int(js[np.argmin(energy[js])])
+    level = 10 * np.log10((energy[j] + 1.0) / (energy.max() + 1.0))
+    return j * hop + win // 2, round(float(level), 1)
 
 
 def noise_floor(pcm: np.ndarray, n: int) -> np.ndarray:
@@ -145,6 +200,8 @@ def config_for(base: Config, name: str) -> Config:
     ``words-nonear`` (words just short of their threshold wait the full ``text_wait_ms``, as
     before 2026-12-05), ``words-noasrend`` (the ASR's P(a sentence ends) not read,
     ``turn.text_asr_end`` 0, as before 2026-12-06), ``words-asrendNN`` (``text_asr_end`` NN/100),
+    ``words-noasrsure`` (an end the ASR is sure of does not outweigh the words,
+    ``turn.text_asr_sure`` 2, as before 2026-12-06's fourth session),
     ``wait-MS`` (the defaults with ``max_wait_ms`` and ``text_wait_ms``
     both MS: what a shorter wait for an unfinished-sounding caller costs in cut-offs)."""
     cfg = copy.deepcopy(base)
@@ -158,6 +215,8 @@ def config_for(base: Config, name: str) -> Config:
         cfg.turn.text_near_share = 2.0  # above the threshold itself: never
     elif name == "words-noasrend":  # the words' verdict whatever the ASR heard of the end
         cfg.turn.text_asr_end = 0.0
+    elif name == "words-noasrsure":  # the ASR's sure end does not outweigh the words
+        cfg.turn.text_asr_sure = 2.0
     elif name.startswith("words-asrend"):  # the ASR's end read at NN/100 (words-asrend80)
         cfg.turn.text_asr_end = int(name.removeprefix("words-asrend")) / 100
     elif name == "words-unsure":
@@ -173,7 +232,7 @@ def config_for(base: Config, name: str) -> Config:
 
 async def main_async(args: argparse.Namespace, base: Config) -> dict:
     manifest = [json.loads(x) for x in (DATA / "manifest.jsonl").read_text().splitlines() if x.strip()]
-    bounds = word_boundaries(manifest)
+    bounds = word_boundaries(manifest, args.set)
     items = []
     for m in manifest:
         b = bounds[m["id"]]
@@ -237,7 +296,7 @@ async def main_async(args: argparse.Namespace, base: Config) -> dict:
             print(f"  {name}: cut off {c['id']} ({c['pause_ms']} ms pause) {c['at_ms']} ms in: "
                   f"{c['text']!r}", flush=True)
         print(json.dumps(row), flush=True)
-    return {"benchmark": "turn_cutoffs", "pauses_ms": list(args.pauses), "rows": rows,
+    return {"benchmark": "turn_cutoffs", "set": args.set, "pauses_ms": list(args.pauses), "rows": rows,
             "rule": "cut-off: UserTurnEnded while the caller is inside the inserted pause; "
                     "v2v: last caller speech frame to first agent audio frame, complete clips"}
 
@@ -245,6 +304,10 @@ async def main_async(args: argparse.Namespace, base: Config) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=["vad-300", "vad-500", "vad-700", "vad-1000", "semantic", "words"])
+    ap.add_argument("--set", choices=sorted(SETS), default="quiet",
+                    help="where the pause goes: the quietest point between the words, checked "
+                         "(quiet), or where tiny.en's word times meet (times, the set until "
+                         "2026-12-06)")
     ap.add_argument("--pauses", nargs="+", type=int, default=list(PAUSES_MS))
     ap.add_argument("--limit", type=int, help="clips for the pause calls")
     ap.add_argument("--v2v-clips", type=int, default=20)
