@@ -565,7 +565,7 @@ class TurnDetector(Stage):
                 if words.p < threshold:
                     self.text_near_ends += 1
                 return True
-            if (end_p is not None and end_p >= self.cfg.text_asr_sure and words.judged
+            if (end_p is not None and end_p >= self.cfg.text_asr_sure and heard and words.judged
                     and not words.filled and silence >= self._near_wait):
                 self.asr_sure_ends += 1  # two readers of three hear the end
                 return True

@@ -1177,6 +1177,21 @@ def test_an_end_the_asr_is_sure_of_outweighs_words_that_read_unfinished(
     asyncio.run(main())
 
 
+def test_a_sure_asr_end_under_a_stricter_text_asr_end_does_not_end_the_turn() -> None:
+    async def main() -> None:
+        text = "what's the weather like"
+        call = words_call(ScriptedWords({text: 0.001}), verdict=0.55, text_asr_sure=0.9,
+                          text_asr_end=0.95)
+        await call.begin()
+        stop = call.say(900)
+        _final_heard(call, text, stop, 0.92)  # sure by one bound, not by the stricter other
+        await call.settle()
+        end = await _silence_until_end(call)
+        assert call.ends() == [text] and call.turn.asr_sure_ends == 0
+        assert 900 * MS <= end - stop.at < 960 * MS  # text_wait_ms
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(("text", "text_check"), [
     ("the cat has taught them that he's in charge", False),  # the sound alone judges
     ("5, 5, 5, 5, 5", True),  # a loop: the same
