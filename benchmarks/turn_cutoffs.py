@@ -123,13 +123,18 @@ def tokens(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+(?:'[a-z]+)?", text.lower())
 
 
+def window_power(pcm: np.ndarray, win: int, hop: int) -> np.ndarray:
+    """Mean square of each ``win``-sample window of ``pcm``, window j starting at j * hop."""
+    x = pcm.astype(np.float64)
+    return np.convolve(x * x, np.ones(win), "valid")[::hop] / win
+
+
 def quiet_cut(pcm: np.ndarray, w0, w1) -> tuple[int, float]:  # noqa: ANN001
     """The quietest 20 ms (10-ms steps) within 120 ms of where the two words' times meet,
     inside their span: its middle (sample) and its level in dB against the clip's loudest
     20 ms."""
     hop, win = SAMPLE_RATE // 100, SAMPLE_RATE // 50
-    x = pcm.astype(np.float64)
-    energy = np.convolve(x * x, np.ones(win), "valid")[::hop] / win  # window j starts at j*hop
+    energy = window_power(pcm, win, hop)
     meet = (w0.end + w1.start) / 2
     first = max(meet - 0.12, w0.start + 0.05) * SAMPLE_RATE - win / 2
     last = min(meet + 0.12, w1.end - 0.05) * SAMPLE_RATE - win / 2
@@ -146,9 +151,7 @@ def noise_floor(pcm: np.ndarray, n: int) -> np.ndarray:
     w = SAMPLE_RATE // 10
     if len(pcm) < 2 * w:
         return np.zeros(n, np.int16)
-    x = pcm.astype(np.float64)
-    energy = np.convolve(x * x, np.ones(w), "valid")[::w // 4]
-    start = int(np.argmin(energy)) * (w // 4)
+    start = int(np.argmin(window_power(pcm, w, w // 4))) * (w // 4)
     quiet = pcm[start:start + w]
     return np.resize(quiet, n).astype(np.int16)
 
