@@ -10,6 +10,13 @@ speculative replies and thrown away, the speech set mixed with recorded noise at
 SNR (``vad_eos`` p95 against the clean run), and a 30-turn call (``llm_first_token`` of the
 last 10 turns against the first 10; ``long_call.py``).
 
+The trace's origin is where the VAD finds the voice's end, and noise moves that: the soft last
+sounds of a word sink under it, so in a noisy run the origin comes earlier than in the clean
+run of the same clip and the trace's spans grow by the difference. So each noisy turn is also
+measured from the voice's end the VAD found in the clean run (``from_clean_end``: its turn
+whose end is nearest, within MATCH_MS; a turn with none, which the noise ended at a pause the
+clean turn went on through, keeps its own origin and counts as unmatched).
+
 Latencies are wall-clock (time.monotonic_ns) inside the voxline process: from the arrival of the
 caller's last speech frame to the first agent audio frame handed to the transport. ``--fast``
 only skips quiet stretches; each turn runs in real time. A call ends once the recording has
@@ -40,7 +47,7 @@ from noise import load_noise, mix_at_snr  # noqa: E402
 
 from agent.audio import read_audio  # noqa: E402
 from agent.config import Config, add_config_flags, config_from_args  # noqa: E402
-from agent.frames import SAMPLE_RATE  # noqa: E402
+from agent.frames import FRAME_SAMPLES, SAMPLE_RATE  # noqa: E402
 from agent.presets import load_models  # noqa: E402
 from agent.runtime import freeze_after_warmup  # noqa: E402
 from agent.trace import SPAN_ORDER  # noqa: E402
@@ -48,6 +55,8 @@ from stages.asr.wer import corpus_wer, normalize  # noqa: E402
 from stages.tts.cache import PhraseCache, with_phrase_cache  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "speech"
+# a noisy run's turn is matched to the clean run's turn whose voice end is nearest, within this
+MATCH_MS = 1000
 SPANS = ["vad_eos", "asr_final", "llm_first_token", "tts_first_audio", "transport_send",
          "voice_to_voice", "partial_lag"]
 
@@ -151,6 +160,15 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
     if pcm is None:
         pcm = read_audio(path)
     session = new_session(cfg, models)
+    clock: list[int] = []  # each caller frame's arrival (ns), in media order
+    send_audio = session.send_audio
+
+    def stamped(chunk: np.ndarray, t_ns: int | None = None) -> None:
+        t_ns = t_ns or time.monotonic_ns()
+        clock.append(t_ns)
+        send_audio(chunk, t_ns=t_ns)
+
+    session.send_audio = stamped
     session.listen(lambda f: (ev := frame_event(f)) and on_event(ev), EVENT_FRAMES)
     session.trace.listeners.append(lambda rec: on_event(trace_event(rec)))
     stages = {s.name: s for s in session.pipeline.all_stages}
@@ -170,7 +188,7 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
                 break
         with contextlib.suppress(asyncio.CancelledError):
             await call
-    return {"finals": finals, "turns": turns,
+    return {"finals": finals, "turns": turns, "clock_ns": np.asarray(clock, dtype=np.int64),
             "partial_lag_ms": session.summary.get("partial_lag_ms", []),
             "wall_s": time.monotonic() - t0,
             "tokens": llm.tokens_generated, "tokens_discarded": llm.tokens_discarded,
@@ -180,6 +198,43 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
             "text_holds": turn.text_holds, "asr_end_holds": turn.asr_end_holds,
             "asr_adopted": stages["asr"].adopted_partials,
             "gaps": session.playout.gaps, "gap_ms": session.playout.gap_samples * 1000 / SAMPLE_RATE}
+
+
+def turn_ends(r: dict) -> list[dict]:
+    """Each complete turn of ``run_clip``'s result with the media sample where its voice ended
+    (the end of the caller frame whose arrival the trace's origin is) and its decision's and
+    first audio's clock times (ns)."""
+    clock = r["clock_ns"]
+    out = []
+    for turn in r["turns"]:
+        ev = turn.get("events_ms", {})
+        if not (turn.get("complete") and turn["kind"] == "turn" and turn.get("t0_ns")
+                and "audio_out" in ev and "vad_decision" in ev):
+            continue
+        k = int(np.searchsorted(clock, turn["t0_ns"]))
+        if k >= len(clock) or clock[k] != turn["t0_ns"]:
+            continue  # the origin is no caller frame's arrival (not expected)
+        t0 = turn["t0_ns"]
+        out.append({"end": (k + 1) * FRAME_SAMPLES, "t0_ns": t0,
+                    "decision_ns": t0 + ev["vad_decision"] * 1e6, "out_ns": t0 + ev["audio_out"] * 1e6})
+    return out
+
+
+def from_clean_ends(ends: list[dict], clock: np.ndarray,
+                    clean: list[int]) -> list[tuple[float, float, bool]]:
+    """(decision, first audio, matched) in ms after the voice's end as the VAD found it in the
+    clean recording, for each turn of a noisy run: the noise moves the VAD's estimate of where
+    the voice ended, which is the trace's origin, so the trace's spans of a noisy run are
+    measured from another point than the clean run's. A turn is matched to the clean run's
+    nearest end within MATCH_MS of its own; a turn with none (the noise ended a turn at a pause
+    the clean run's turn went on through) is measured from its own origin, unmatched."""
+    got = []
+    for t in ends:
+        near = [c for c in clean if abs(c - t["end"]) <= MATCH_MS * SAMPLE_RATE // 1000]
+        k = min(near, key=lambda c: abs(c - t["end"])) // FRAME_SAMPLES - 1 if near else -1
+        origin, matched = (int(clock[k]), True) if 0 <= k < len(clock) else (t["t0_ns"], False)
+        got.append(((t["decision_ns"] - origin) / 1e6, (t["out_ns"] - origin) / 1e6, matched))
+    return got
 
 
 def timeline(events: list[dict[str, float]]) -> dict:
@@ -201,7 +256,10 @@ def percentiles(xs: list[float]) -> dict:
 
 
 async def run_set(cfg: Config, models, manifest: list[dict], label: str,
-                  noise: np.ndarray | None = None, snr_db: float = 0.0) -> dict:
+                  noise: np.ndarray | None = None, snr_db: float = 0.0,
+                  clean_ends: dict[str, list[int]] | None = None) -> dict:
+    """``clean_ends``: the voice ends (media samples) of each clip's turns in a clean run of
+    the same mode, from which a noisy run's turns are measured too (``from_clean_end``)."""
     spans: dict[str, list[float]] = {s: [] for s in SPANS}
     tool_v2v: list[float] = []  # turns that called a tool
     tool_calls = fillers = 0
@@ -209,6 +267,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     pairs_ls, pairs_all = [], []
     per_clip = []
     events: list[dict[str, float]] = []  # each complete turn's trace events
+    ends: dict[str, list[int]] = {}  # each clip's turns' voice ends (media samples)
+    from_clean: list[tuple[float, float, bool]] = []
     tokens = discarded = specs = adopted = gaps = asr_adopted = text_holds = asr_end_holds = 0
     gap_ms = 0.0
     engine = models.asr.stats
@@ -243,6 +303,10 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
                     spans.setdefault(k, []).append(v["ms"])
                 events.append(turn.get("events_ms", {}))
         spans["partial_lag"].extend(r["partial_lag_ms"])
+        clip_ends = turn_ends(r)
+        ends[m["id"]] = [t["end"] for t in clip_ends]
+        if clean_ends is not None:
+            from_clean += from_clean_ends(clip_ends, r["clock_ns"], clean_ends.get(m["id"], []))
         v2v = [t["spans"]["voice_to_voice"]["ms"] for t in r["turns"]
                if t.get("complete") and "voice_to_voice" in t["spans"]]
         clip_wer = corpus_wer([(m["text"], hyp)])
@@ -267,6 +331,16 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         # a reply's audio ran out before its next chunk's came (playout.gaps)
         "reply_gaps": gaps, "reply_gap_ms": round(gap_ms),
         "per_clip": per_clip,
+        "turn_ends": ends,
+        # the same turns measured from the clean run's voice ends: matched turns only, and all
+        # of them (the unmatched from their own origin)
+        **({"from_clean_end": {
+            "vad_eos": percentiles([d for d, _, ok in from_clean if ok]),
+            "voice_to_voice": percentiles([o for _, o, ok in from_clean if ok]),
+            "unmatched": sum(not ok for *_, ok in from_clean),
+            "vad_eos_all": percentiles([d for d, _, _ in from_clean]),
+            "voice_to_voice_all": percentiles([o for _, o, _ in from_clean]),
+        }} if clean_ends is not None and any(ok for *_, ok in from_clean) else {}),
         "tts_cache": (dataclasses.asdict(models.tts.stats) if isinstance(models.tts, PhraseCache)
                       else None),
         # ASR model calls run, requests dropped before their call, and calls stopped after the
@@ -296,8 +370,11 @@ async def main_async(args: argparse.Namespace, base: Config) -> dict:
         noise = load_noise()
         res["noise"] = {}
         for snr in args.noise:
-            r = await run_set(mode_config(base, "semantic"), models, manifest, f"{snr:g} dB", noise, snr)
-            res["noise"][f"{snr:g}"] = {k: r[k] for k in ("spans_ms", "wer_all")}
+            clean = res["modes"].get("semantic", {}).get("turn_ends")
+            r = await run_set(mode_config(base, "semantic"), models, manifest, f"{snr:g} dB", noise,
+                              snr, clean_ends=clean)
+            res["noise"][f"{snr:g}"] = {k: r[k] for k in ("spans_ms", "wer_all", "from_clean_end")
+                                        if k in r}
     if args.long_call:
         res["long_call"] = await run_long_call(mode_config(base, "semantic"), models.llm,
                                                turns=args.long_call)
@@ -346,7 +423,15 @@ def print_table(res: dict) -> None:
         for snr, r in res["noise"].items():
             p95 = r["spans_ms"].get("vad_eos", {}).get("p95")
             print(f"noise {snr} dB SNR: vad_eos p95 {p95:.0f} ms (clean {clean:.0f} ms, "
-                  f"+{p95 - clean:.0f} ms), WER {r['wer_all']:.2%}")
+                  f"{p95 - clean:+.0f} ms), WER {r['wer_all']:.2%}")
+            fc = r.get("from_clean_end") or {}
+            if fc.get("vad_eos"):
+                e, v, a = fc["vad_eos"], fc["voice_to_voice"], fc["vad_eos_all"]
+                print(f"  from the clean recording's voice end ({e['n']} turns matched): vad_eos "
+                      f"p50 / p95 {e['p50']:.0f} / {e['p95']:.0f} ms ({e['p95'] - clean:+.0f} ms), "
+                      f"voice_to_voice {v['p50']:.0f} / {v['p95']:.0f} ms; with the "
+                      f"{fc['unmatched']} unmatched from their own: vad_eos p50 / p95 "
+                      f"{a['p50']:.0f} / {a['p95']:.0f} ms ({a['p95'] - clean:+.0f} ms)")
     if "long_call" in res:
         lc = res["long_call"]
         print(f"long call: {json.dumps({k: v for k, v in lc.items() if not isinstance(v, list)})}")
@@ -368,7 +453,7 @@ def main() -> int:
     print_table(res)
 
     def lean(r: dict) -> dict:
-        return {k: v for k, v in r.items() if k != "per_clip"}
+        return {k: v for k, v in r.items() if k not in ("per_clip", "turn_ends")}
     emit(res, args.json_out, line={**res, "modes": {m: lean(r) for m, r in res["modes"].items()}})
     return 0
 

@@ -1,0 +1,55 @@
+"""benchmarks/voice_turn.py's own arithmetic for the noisy runs: where each turn's voice ended
+(the caller frame whose arrival is the trace's origin), and a noisy run's turns measured from
+the voice ends of the clean run of the same clip."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from voice_turn import FRAME_SAMPLES, MATCH_MS, from_clean_ends, turn_ends  # noqa: E402
+
+MS = 1_000_000  # ns
+
+
+def clip(t0_frames: list[int], decision_ms: float = 300.0, out_ms: float = 500.0) -> dict:
+    """A run_clip result: caller frames arriving every 20 ms from 1 s on, and a turn whose
+    origin is the arrival of each frame in ``t0_frames``."""
+    clock = np.arange(200, dtype=np.int64) * 20 * MS + 1_000 * MS
+    turns = [{"kind": "turn", "complete": True, "t0_ns": int(clock[k]),
+              "events_ms": {"speech_end": 0.0, "vad_decision": decision_ms, "audio_out": out_ms}}
+             for k in t0_frames]
+    return {"clock_ns": clock, "turns": turns}
+
+
+def test_a_turns_voice_ends_with_the_frame_its_origin_arrived_with():
+    r = clip([49, 120])
+    r["turns"].append({"kind": "turn", "complete": False, "t0_ns": int(r["clock_ns"][60]),
+                       "events_ms": {"vad_decision": 1.0, "audio_out": 2.0}})  # cut off: left out
+    r["turns"].append({"kind": "greeting", "complete": True, "t0_ns": 5,
+                       "events_ms": {"audio_out": 2.0}})
+    ends = turn_ends(r)
+    assert [t["end"] for t in ends] == [50 * FRAME_SAMPLES, 121 * FRAME_SAMPLES]
+    assert ends[0]["decision_ns"] - r["clock_ns"][49] == 300 * MS
+    assert ends[0]["out_ns"] - r["clock_ns"][49] == 500 * MS
+
+
+def test_a_noisy_turn_is_measured_from_the_clean_runs_nearest_voice_end():
+    # the VAD put the noisy turn's end 8 frames (160 ms) before the clean run's: measured from
+    # the clean end, the decision and the audio come 160 ms sooner than the trace says
+    noisy = clip([41])
+    ends = turn_ends(noisy)
+    got = from_clean_ends(ends, noisy["clock_ns"], [50 * FRAME_SAMPLES, 150 * FRAME_SAMPLES])
+    assert got == [(140.0, 340.0, True)]
+
+
+def test_a_noisy_turn_with_no_clean_end_near_it_keeps_its_own_origin_unmatched():
+    noisy = clip([100], decision_ms=250.0, out_ms=420.0)
+    ends = turn_ends(noisy)
+    far = (101 * FRAME_SAMPLES) + (MATCH_MS + 20) * 16
+    assert from_clean_ends(ends, noisy["clock_ns"], [far]) == [(250.0, 420.0, False)]
+    assert from_clean_ends(ends, noisy["clock_ns"], []) == [(250.0, 420.0, False)]
