@@ -237,6 +237,19 @@ def from_clean_ends(ends: list[dict], clock: np.ndarray,
     return got
 
 
+def clean_end_summary(got: list[tuple[float, float, bool]]) -> dict | None:
+    """``from_clean_ends`` over a run: the matched turns alone, and all of them (the unmatched
+    from their own origin); None when no turn matched."""
+    matched = [(d, o) for d, o, ok in got if ok]
+    if not matched:
+        return None
+    return {"vad_eos": percentiles([d for d, _ in matched]),
+            "voice_to_voice": percentiles([o for _, o in matched]),
+            "unmatched": len(got) - len(matched),
+            "vad_eos_all": percentiles([d for d, _, _ in got]),
+            "voice_to_voice_all": percentiles([o for _, o, _ in got])}
+
+
 def timeline(events: list[dict[str, float]]) -> dict:
     """Where the turns' time goes: the median of each trace event (ms after the voice stopped,
     the trace's origin) in the order of those medians, and how many turns waited for their
@@ -332,15 +345,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "reply_gaps": gaps, "reply_gap_ms": round(gap_ms),
         "per_clip": per_clip,
         "turn_ends": ends,
-        # the same turns measured from the clean run's voice ends: matched turns only, and all
-        # of them (the unmatched from their own origin)
-        **({"from_clean_end": {
-            "vad_eos": percentiles([d for d, _, ok in from_clean if ok]),
-            "voice_to_voice": percentiles([o for _, o, ok in from_clean if ok]),
-            "unmatched": sum(not ok for *_, ok in from_clean),
-            "vad_eos_all": percentiles([d for d, _, _ in from_clean]),
-            "voice_to_voice_all": percentiles([o for _, o, _ in from_clean]),
-        }} if clean_ends is not None and any(ok for *_, ok in from_clean) else {}),
+        **({"from_clean_end": clean_end_summary(from_clean)} if clean_ends is not None else {}),
         "tts_cache": (dataclasses.asdict(models.tts.stats) if isinstance(models.tts, PhraseCache)
                       else None),
         # ASR model calls run, requests dropped before their call, and calls stopped after the

@@ -11,7 +11,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from voice_turn import FRAME_SAMPLES, MATCH_MS, from_clean_ends, turn_ends  # noqa: E402
+from voice_turn import (  # noqa: E402
+    FRAME_SAMPLES,
+    MATCH_MS,
+    clean_end_summary,
+    from_clean_ends,
+    turn_ends,
+)
 
 MS = 1_000_000  # ns
 
@@ -53,3 +59,13 @@ def test_a_noisy_turn_with_no_clean_end_near_it_keeps_its_own_origin_unmatched()
     far = (101 * FRAME_SAMPLES) + (MATCH_MS + 20) * 16
     assert from_clean_ends(ends, noisy["clock_ns"], [far]) == [(250.0, 420.0, False)]
     assert from_clean_ends(ends, noisy["clock_ns"], []) == [(250.0, 420.0, False)]
+
+
+def test_the_summary_keeps_matched_turns_apart_and_counts_the_rest():
+    got = [(100.0, 300.0, True), (200.0, 400.0, True), (900.0, 1100.0, False)]
+    summary = clean_end_summary(got)
+    assert summary["unmatched"] == 1
+    assert summary["vad_eos"]["n"] == 2 and summary["vad_eos"]["p50"] == 150.0
+    assert summary["vad_eos_all"]["n"] == 3 and summary["vad_eos_all"]["p50"] == 200.0
+    assert summary["voice_to_voice"]["p50"] == 350.0
+    assert clean_end_summary([(1.0, 2.0, False)]) is None
