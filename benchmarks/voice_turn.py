@@ -286,6 +286,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     gap_ms = 0.0
     engine = models.asr.stats
     asr_before = (engine.requests, engine.cancelled, engine.abandoned)
+    words_before = dataclasses.asdict(models.turn_words.stats) if models.turn_words else None
     for i, m in enumerate(manifest, 1):
         pcm = read_audio(DATA / m["path"])
         if noise is not None:
@@ -354,7 +355,17 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
                         (a - b for a, b in zip((engine.requests, engine.cancelled,
                                                 engine.abandoned), asr_before, strict=True)),
                         strict=True)) | {"partials_adopted": asr_adopted},
+        "words_model": words_model_delta(words_before, models.turn_words),
     }
+
+
+def words_model_delta(before: dict | None, words) -> dict | None:  # noqa: ANN001 (a scorer)
+    """What the words model did over a set (``TextTurnStats``' counts, the run's share): its
+    questions, the tokens they evaluated (what a pause waits for), and the read-aheads."""
+    if before is None or words is None:
+        return None
+    now = dataclasses.asdict(words.stats)
+    return {k: now[k] - before[k] for k in now}
 
 
 async def main_async(args: argparse.Namespace, base: Config) -> dict:
@@ -423,6 +434,12 @@ def print_table(res: dict) -> None:
                  f"{r['asr']['cancelled']}, stopped after the encoder {r['asr']['abandoned']}, "
                  f"partials that stood for a pause's transcript {r['asr'].get('partials_adopted', 0)}"
                  if r.get("asr") else ""))
+    for m in names:
+        w = modes[m].get("words_model")
+        if w and w["asked"]:
+            print(f"{m}: words model: {w['asked']} questions evaluated {w['asked_tokens']} tokens "
+                  f"({w['asked_tokens'] / w['asked']:.1f} each; {w['cached']} more answered "
+                  f"from its cache), {w['warmed']} read-aheads ({w['warm_skipped']} skipped)")
     if "noise" in res and "semantic" in modes:
         clean = modes["semantic"]["spans_ms"].get("vad_eos", {}).get("p95")
         for snr, r in res["noise"].items():

@@ -1,11 +1,14 @@
 """benchmarks/voice_turn.py's own arithmetic for the noisy runs: where each turn's voice ended
 (the caller frame whose arrival is the trace's origin), and a noisy run's turns measured from
-the voice ends of the clean run of the same clip."""
+the voice ends of the clean run of the same clip; and a set's share of the words model's
+counts."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -17,6 +20,7 @@ from voice_turn import (  # noqa: E402
     clean_end_summary,
     from_clean_ends,
     turn_ends,
+    words_model_delta,
 )
 
 MS = 1_000_000  # ns
@@ -69,3 +73,15 @@ def test_the_summary_keeps_matched_turns_apart_and_counts_the_rest():
     assert summary["vad_eos_all"]["n"] == 3 and summary["vad_eos_all"]["p50"] == 200.0
     assert summary["voice_to_voice"]["p50"] == 350.0
     assert clean_end_summary([(1.0, 2.0, False)]) is None
+
+
+def test_a_sets_words_model_counts_are_its_own() -> None:
+    from stages.text_turn import TextTurnStats
+
+    stats = TextTurnStats(requests=5, asked=4, asked_tokens=30, evaluated_tokens=90)
+    before = dataclasses.asdict(stats)
+    stats.requests, stats.asked, stats.asked_tokens, stats.evaluated_tokens = 9, 6, 41, 130
+    got = words_model_delta(before, SimpleNamespace(stats=stats))
+    assert got["requests"] == 4 and got["asked"] == 2 and got["asked_tokens"] == 11
+    assert got["evaluated_tokens"] == 40 and got["warmed"] == 0
+    assert words_model_delta(None, None) is None  # fixed mode: no words model
