@@ -165,12 +165,12 @@ class TextTurnModel:
     def prompt(self, text: str) -> np.ndarray | None:
         """The tokens judged for ``text``: the template's head and the words, trailing
         punctuation removed and the first letter a capital (None: no words). A transcript's
-        case at its start is not stable — Whisper writes a partial "the two stray ..." and the
-        pause's text "The two stray ..." — and the words read ahead while the caller spoke
-        (:meth:`TextTurnScorer.warm`) stay in llama.cpp's cache only up to the first token
-        that differs: on 15 clips of the speech set the spelling alone made the question at 5
-        pauses evaluate the caller's whole message again (9-25 tokens, 67-138 ms on one
-        thread of an AVX2 EPYC, against 2-3 tokens where the case agreed)."""
+        case at its start is not stable — Whisper writes a partial "yet these thoughts ..." and
+        the pause's text "Yet these thoughts ..." — and the words read ahead while the caller
+        spoke (:meth:`TextTurnScorer.warm`) stay in llama.cpp's cache only up to the first
+        token that differs: on the first 15 clips of the speech set 7 of 26 questions at the
+        pauses evaluated the caller's message again from its first word (9-25 tokens, 99 in
+        all; 46 with the capital), at ~9 ms a token on one idle thread of an AVX2 EPYC."""
         words = text.strip().rstrip(TRAILING)
         if not words:
             return None
