@@ -128,6 +128,15 @@ class Transcript(Frame):
         return stable.strip()
 
 
+def first_capital(text: str) -> str:
+    """``text`` with a capital first letter. A transcript's case at its start is not stable —
+    Whisper writes a partial "yet these thoughts ..." and the final "Yet these thoughts ..." —
+    so a model that reads the caller's words ahead into its cache while they speak (the local
+    LLM, the words' end-of-turn model) reads every version of them this way, and what it read
+    ahead still counts at the turn's end."""
+    return text[:1].upper() + text[1:]
+
+
 @dataclass(slots=True, frozen=True)
 class UserTurnEnded(Frame):
     """Turn detection: the caller finished a turn; ``text`` is what they said."""

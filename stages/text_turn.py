@@ -31,6 +31,7 @@ import numpy as np
 
 from agent.config import TurnConfig
 from agent.errors import ConfigError, ModelNotFoundError, require
+from agent.frames import first_capital
 from agent.runtime import lower_thread_priority
 
 log = logging.getLogger("voxline.text_turn")
@@ -164,17 +165,16 @@ class TextTurnModel:
 
     def prompt(self, text: str) -> np.ndarray | None:
         """The tokens judged for ``text``: the template's head and the words, trailing
-        punctuation removed and the first letter a capital (None: no words). A transcript's
-        case at its start is not stable — Whisper writes a partial "yet these thoughts ..." and
-        the pause's text "Yet these thoughts ..." — and the words read ahead while the caller
-        spoke (:meth:`TextTurnScorer.warm`) stay in llama.cpp's cache only up to the first
-        token that differs: on the first 15 clips of the speech set 7 of 26 questions at the
-        pauses evaluated the caller's message again from its first word (9-25 tokens, 99 in
-        all; 46 with the capital), at ~9 ms a token on one idle thread of an AVX2 EPYC."""
+        punctuation removed and the first letter a capital (``first_capital``: the words read
+        ahead while the caller spoke, :meth:`TextTurnScorer.warm`, stay in llama.cpp's cache
+        only up to the first token that differs; on the first 15 clips of the speech set the
+        case alone made 7 of 26 questions at the pauses evaluate the caller's message again
+        from its first word — 9-25 tokens, 99 in all, 46 with the capital — at ~9 ms a token
+        on one idle thread of an AVX2 EPYC). None: no words."""
         words = text.strip().rstrip(TRAILING)
         if not words:
             return None
-        words = words[:1].upper() + words[1:]
+        words = first_capital(words)
         # The words are tokenized after the head as one string would be (the boundary is a
         # newline in the templates we know, which no BPE merges across).
         ids = self._llama.tokenize((self._head + words).encode("utf-8"), add_bos=False,

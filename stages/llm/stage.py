@@ -32,6 +32,7 @@ from agent.frames import (
     Transcript,
     TurnCandidate,
     UserTurnEnded,
+    first_capital,
 )
 from agent.stage import DOWN, UP, QueuedStage, StageContext
 from agent.tools import CallsComing, ToolCall, ToolContext, ToolResult, Tools, run_tool
@@ -125,14 +126,13 @@ class Reply:
 
 
 def as_message(text: str) -> str:
-    """The caller's words as the LLM gets them: with a capital first letter. A transcript's
-    case at its start is not stable — Whisper writes a partial "the two stray ..." and the
-    final "The two stray ..." — and the words a local LLM took into its cache while the caller
-    spoke (:meth:`_prefill_spoken`) count only up to the first token that differs: on 12
-    clips of the speech set that spelling alone made 3 of 14 replies evaluate the caller's
-    whole message again (~9 ms a token on one thread of an AVX2 EPYC). The open turn and the
-    final go through here both, so they agree."""
-    return text[:1].upper() + text[1:]
+    """The caller's words as the LLM gets them: with a capital first letter
+    (``first_capital``), so the words a local LLM took into its cache while the caller spoke
+    (:meth:`_prefill_spoken`) still count at the turn's end: on 12 clips of the speech set the
+    first letter's case alone made 3 of 14 replies evaluate the caller's whole message again
+    (~9 ms a token on one thread of an AVX2 EPYC). The open turn and the final go through here
+    both, so they agree."""
+    return first_capital(text)
 
 
 class LLMStage(QueuedStage):
