@@ -8,7 +8,10 @@ pause, preemptive replies) and ``tools`` (the defaults, with every turn forced t
 first audio is the filler or the answer, is reported on its own). Also, with the defaults: the share of LLM tokens generated for
 speculative replies and thrown away, the speech set mixed with recorded noise at 20 and 10 dB
 SNR (``vad_eos`` p95 against the clean run), and a 30-turn call (``llm_first_token`` of the
-last 10 turns against the first 10; ``long_call.py``).
+last 10 turns against the first 10; ``long_call.py``). Under the table, each mode's slowest
+turns (``slowest`` in the JSON): the turns its p95 is made of, each with what the three readers
+of the end said (Smart Turn's P(complete), the words model's P, Whisper's P of a sentence end)
+and whether it waited for the decision or for the reply.
 
 The trace's origin is where the VAD finds the voice's end, and noise moves that: the soft last
 sounds of a word sink under it, so in a noisy run the origin comes earlier than in the clean
@@ -268,6 +271,37 @@ def percentiles(xs: list[float]) -> dict:
     return {"n": len(xs), "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95))}
 
 
+SLOWEST = 8  # turns listed behind a set's p95
+
+
+def p95_ranks(n: int) -> tuple[int, int]:
+    """Between which two slowest turns (1: the slowest) the p95 of ``n`` turns lies, as
+    ``np.percentile`` interpolates it: the bar on the p95 is a bar on those turns."""
+    k = 0.95 * (n - 1)  # its position counted from the fastest
+    return n - int(np.ceil(k)), n - int(np.floor(k))
+
+
+def turn_row(clip_id: str, turn: dict) -> dict:
+    """A complete turn as the slowest-turns list shows it: its voice-to-voice, what each reader
+    of the end said (Smart Turn's P(complete), the words model's P, Whisper's P of a sentence
+    end: absent where not asked), whether the decision or the reply came last, and its text."""
+    info, ev = turn.get("info", {}), turn.get("events_ms", {})
+    decision, reply = ev.get("vad_decision"), ev.get("tts_first_audio")
+    return {"id": clip_id, "v2v_ms": round(turn["spans"]["voice_to_voice"]["ms"], 1),
+            **{k: info[k] for k in ("p_complete", "p_words", "p_asr_end") if k in info},
+            "waited_for": ("decision" if decision is not None and reply is not None and decision > reply
+                           else "reply"),
+            "text": turn.get("text", "")}
+
+
+def slowest_turns(rows: list[dict], n: int = SLOWEST) -> list[dict]:
+    return sorted(rows, key=lambda r: -r["v2v_ms"])[:n]
+
+
+def ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
 async def run_set(cfg: Config, models, manifest: list[dict], label: str,
                   noise: np.ndarray | None = None, snr_db: float = 0.0,
                   clean_ends: dict[str, list[int]] | None = None) -> dict:
@@ -282,6 +316,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     events: list[dict[str, float]] = []  # each complete turn's trace events
     ends: dict[str, list[int]] = {}  # each clip's turns' voice ends (media samples)
     from_clean: list[tuple[float, float, bool]] = []
+    rows: list[dict] = []  # each complete turn (not a tool's): turn_row
     tokens = discarded = specs = adopted = gaps = asr_adopted = text_holds = asr_end_holds = 0
     gap_ms = 0.0
     engine = models.asr.stats
@@ -316,6 +351,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
                 for k, v in turn["spans"].items():
                     spans.setdefault(k, []).append(v["ms"])
                 events.append(turn.get("events_ms", {}))
+                if "voice_to_voice" in turn["spans"]:
+                    rows.append(turn_row(m["id"], turn))
         spans["partial_lag"].extend(r["partial_lag_ms"])
         clip_ends = turn_ends(r)
         ends[m["id"]] = [t["end"] for t in clip_ends]
@@ -334,6 +371,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "ref_words_librispeech": sum(len(normalize(r)) for r, _ in pairs_ls),
         "spans_ms": {k: percentiles(xs) for k, xs in spans.items() if xs},
         "timeline": timeline(events),
+        # the turns behind the p95, slowest first, with what each reader of the end said
+        "slowest": slowest_turns(rows),
         "tool_turns": {"voice_to_voice_ms": percentiles(tool_v2v) if tool_v2v else None,
                        "tool_calls": tool_calls, "fillers": fillers},
         "llm_tokens": tokens, "llm_tokens_discarded": discarded,
@@ -415,6 +454,18 @@ def print_table(res: dict) -> None:
                   f"{tl['waited_for_decision']} of {tl['with_both']} turns had their first audio "
                   "ready before the decision")
     for m in names:
+        slow, n = modes[m].get("slowest"), modes[m]["spans_ms"].get("voice_to_voice", {}).get("n", 0)
+        if slow and n:
+            lo, hi = p95_ranks(n)
+            where = (f"is the {ordinal(lo)}" if lo == hi
+                     else f"lies between the {ordinal(lo)} and the {ordinal(hi)}")
+            print(f"{m}: the slowest turns (the p95 of {n} {where}):")
+            for r in slow:
+                said = ", ".join(f"{name} {r[k]:.2f}" for k, name in (
+                    ("p_complete", "sound"), ("p_words", "words"), ("p_asr_end", "ASR end")) if k in r)
+                print(f"  {r['v2v_ms']:>7.0f} ms  {r['id']:<34} {said or '-'}; waited for the "
+                      f"{r['waited_for']}: {r['text'][-60:]!r}")
+    for m in names:
         tt = modes[m].get("tool_turns") or {}
         if tt.get("voice_to_voice_ms"):
             v = tt["voice_to_voice_ms"]
@@ -475,7 +526,7 @@ def main() -> int:
     print_table(res)
 
     def lean(r: dict) -> dict:
-        return {k: v for k, v in r.items() if k not in ("per_clip", "turn_ends")}
+        return {k: v for k, v in r.items() if k not in ("per_clip", "turn_ends", "slowest")}
     emit(res, args.json_out, line={**res, "modes": {m: lean(r) for m, r in res["modes"].items()}})
     return 0
 

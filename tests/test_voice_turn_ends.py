@@ -1,7 +1,7 @@
 """benchmarks/voice_turn.py's own arithmetic for the noisy runs: where each turn's voice ended
 (the caller frame whose arrival is the trace's origin), and a noisy run's turns measured from
-the voice ends of the clean run of the same clip; and a set's share of the words model's
-counts."""
+the voice ends of the clean run of the same clip; a set's share of the words model's counts;
+and the slowest turns listed under the table, with where the p95 lies among them."""
 
 from __future__ import annotations
 
@@ -85,3 +85,36 @@ def test_a_sets_words_model_counts_are_its_own() -> None:
     assert got["requests"] == 4 and got["asked"] == 2 and got["asked_tokens"] == 11
     assert got["evaluated_tokens"] == 40 and got["warmed"] == 0
     assert words_model_delta(None, None) is None  # fixed mode: no words model
+
+
+def test_the_p95_lies_between_the_two_slowest_turns_it_names() -> None:
+    from voice_turn import p95_ranks
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 19, 20, 21, 58, 61, 62, 74, 200):
+        v = np.sort(rng.uniform(300, 1600, n))[::-1]  # slowest first
+        lo, hi = p95_ranks(n)
+        assert 1 <= lo <= hi <= n and hi - lo <= 1
+        assert v[hi - 1] <= np.percentile(v, 95) <= v[lo - 1]
+    assert p95_ranks(58) == (3, 4) and p95_ranks(61) == (4, 4) and p95_ranks(62) == (4, 5)
+
+
+def test_the_slowest_turns_name_their_readers_and_what_they_waited_for() -> None:
+    from voice_turn import ordinal, slowest_turns, turn_row
+
+    def turn(v2v: float, decision: float, reply: float, **info: float) -> dict:
+        return {"kind": "turn", "complete": True, "text": f"said {v2v:.0f}", "info": info,
+                "spans": {"voice_to_voice": {"ms": v2v}},
+                "events_ms": {"vad_decision": decision, "tts_first_audio": reply}}
+
+    rows = [turn_row("held", turn(1_540.0, 1_520.0, 480.0, p_complete=0.02, p_words=0.001,
+                                  p_asr_end=0.14)),
+            turn_row("quick", turn(450.0, 300.0, 430.0, p_complete=0.97)),
+            turn_row("long", turn(860.0, 670.0, 840.0, p_complete=0.76, p_words=0.62))]
+    got = slowest_turns(rows, 2)
+    assert [r["id"] for r in got] == ["held", "long"]
+    assert got[0]["waited_for"] == "decision" and got[1]["waited_for"] == "reply"
+    assert got[0]["p_asr_end"] == 0.14 and "p_asr_end" not in got[1]
+    assert got[0]["text"] == "said 1540"
+    assert [ordinal(k) for k in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
