@@ -284,13 +284,14 @@ def p95_ranks(n: int) -> tuple[int, int]:
 def turn_row(clip_id: str, turn: dict) -> dict:
     """A complete turn as the slowest-turns list shows it: its voice-to-voice, what each reader
     of the end said (Smart Turn's P(complete), the words model's P, Whisper's P of a sentence
-    end: absent where not asked), whether the decision or the reply came last, and its text."""
+    end: absent where not asked), whether the decision or the reply came last (absent where
+    the trace lacks either), and its text."""
     info, ev = turn.get("info", {}), turn.get("events_ms", {})
     decision, reply = ev.get("vad_decision"), ev.get("tts_first_audio")
     return {"id": clip_id, "v2v_ms": round(turn["spans"]["voice_to_voice"]["ms"], 1),
             **{k: info[k] for k in ("p_complete", "p_words", "p_asr_end") if k in info},
-            "waited_for": ("decision" if decision is not None and reply is not None and decision > reply
-                           else "reply"),
+            **({"waited_for": "decision" if decision > reply else "reply"}
+               if decision is not None and reply is not None else {}),
             "text": turn.get("text", "")}
 
 
@@ -463,8 +464,9 @@ def print_table(res: dict) -> None:
             for r in slow:
                 said = ", ".join(f"{name} {r[k]:.2f}" for k, name in (
                     ("p_complete", "sound"), ("p_words", "words"), ("p_asr_end", "ASR end")) if k in r)
-                print(f"  {r['v2v_ms']:>7.0f} ms  {r['id']:<34} {said or '-'}; waited for the "
-                      f"{r['waited_for']}: {r['text'][-60:]!r}")
+                waited = f"; waited for the {r['waited_for']}" if "waited_for" in r else ""
+                print(f"  {r['v2v_ms']:>7.0f} ms  {r['id']:<34} {said or '-'}{waited}: "
+                      f"{r['text'][-60:]!r}")
     for m in names:
         tt = modes[m].get("tool_turns") or {}
         if tt.get("voice_to_voice_ms"):

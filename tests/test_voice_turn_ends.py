@@ -116,5 +116,8 @@ def test_the_slowest_turns_name_their_readers_and_what_they_waited_for() -> None
     assert got[0]["waited_for"] == "decision" and got[1]["waited_for"] == "reply"
     assert got[0]["p_asr_end"] == 0.14 and "p_asr_end" not in got[1]
     assert got[0]["text"] == "said 1540"
+    untimed = turn(900.0, 700.0, 0.0)
+    del untimed["events_ms"]["tts_first_audio"]  # the trace lacks the reply's first audio
+    assert "waited_for" not in turn_row("untimed", untimed)
     assert [ordinal(k) for k in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
