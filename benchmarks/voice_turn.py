@@ -260,10 +260,19 @@ def timeline(events: list[dict[str, float]]) -> dict:
     for the reply."""
     names = {k for e in events for k in e}
     med = {k: float(np.median([e[k] for e in events if k in e])) for k in names}
-    both = [e for e in events if "vad_decision" in e and "tts_first_audio" in e]
+    waits = [w for w in map(waited_for, events) if w is not None]
     return {"median_ms": {k: round(med[k], 1) for k in sorted(med, key=med.__getitem__)},
-            "turns": len(events), "with_both": len(both),
-            "waited_for_decision": sum(e["vad_decision"] > e["tts_first_audio"] for e in both)}
+            "turns": len(events), "with_both": len(waits),
+            "waited_for_decision": waits.count("decision")}
+
+
+def waited_for(events: dict[str, float]) -> str | None:
+    """What a turn's first audio waited for last: ``decision`` where its reply's first audio
+    was ready before the turn was judged over, else ``reply`` (None: the trace lacks either)."""
+    decision, reply = events.get("vad_decision"), events.get("tts_first_audio")
+    if decision is None or reply is None:
+        return None
+    return "decision" if decision > reply else "reply"
 
 
 def percentiles(xs: list[float]) -> dict:
@@ -286,12 +295,10 @@ def turn_row(clip_id: str, turn: dict) -> dict:
     of the end said (Smart Turn's P(complete), the words model's P, Whisper's P of a sentence
     end: absent where not asked), whether the decision or the reply came last (absent where
     the trace lacks either), and its text."""
-    info, ev = turn.get("info", {}), turn.get("events_ms", {})
-    decision, reply = ev.get("vad_decision"), ev.get("tts_first_audio")
+    info, wait = turn.get("info", {}), waited_for(turn.get("events_ms", {}))
     return {"id": clip_id, "v2v_ms": round(turn["spans"]["voice_to_voice"]["ms"], 1),
             **{k: info[k] for k in ("p_complete", "p_words", "p_asr_end") if k in info},
-            **({"waited_for": "decision" if decision > reply else "reply"}
-               if decision is not None and reply is not None else {}),
+            **({"waited_for": wait} if wait is not None else {}),
             "text": turn.get("text", "")}
 
 

@@ -119,5 +119,11 @@ def test_the_slowest_turns_name_their_readers_and_what_they_waited_for() -> None
     untimed = turn(900.0, 700.0, 0.0)
     del untimed["events_ms"]["tts_first_audio"]  # the trace lacks the reply's first audio
     assert "waited_for" not in turn_row("untimed", untimed)
+    # the median turn's timeline counts the same waits
+    from voice_turn import timeline
+
+    tl = timeline([t["events_ms"] for t in (turn(1_540.0, 1_520.0, 480.0), turn(450.0, 300.0, 430.0),
+                                            untimed)])
+    assert (tl["turns"], tl["with_both"], tl["waited_for_decision"]) == (3, 2, 1)
     assert [ordinal(k) for k in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
