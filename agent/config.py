@@ -50,6 +50,12 @@ class ASRConfig:
     language: str = "en"
     beam_size: int = 1
     compute_type: str = "int8"
+    # Whisper's text decoder: ctranslate2 — CTranslate2's own (int8 as compute_type says; beam
+    # search; several workers); draft — NumPy, float32, greedy, one call at a time, each call
+    # checking in one pass the tokens the stream's last call decoded, so a pause's transcript
+    # decodes only its new words: ~60 ms sooner, but float32 decoding loops on a few clips
+    # where int8 does not (benchmarks/RESULTS.md, 2026-12-07)
+    decoder: str = "ctranslate2"
     threads: int = 2
     # backend calls at once, sharing the threads (0: the backend's default — Whisper one call
     # with every thread, the soonest final for a caller who pauses, except asr-serve and files,
@@ -95,6 +101,7 @@ class ASRConfig:
 
 
 TURN_MODES = ("semantic", "vad")
+ASR_DECODERS = ("ctranslate2", "draft")  # [asr] decoder (Whisper)
 LLM_WEIGHTS = ("q8_0", "shipped")  # [llm] weights of the embedded SmolLM2
 
 
@@ -312,6 +319,11 @@ class RuntimeConfig:
     # its own fragments (a 4-minute soak of the SIP server: RSS +1.35% over its second half
     # with glibc's default, -0.07% with 2 arenas). $MALLOC_ARENA_MAX wins.
     malloc_arenas: int = 0
+    # threads NumPy's BLAS (OpenBLAS) may use, set as the models load (0: its own default, a
+    # thread per core). Its products here are small — the log-mel filters of the ASR and Smart
+    # Turn, the draft decoder — and its idle threads spin on a core for a while after each,
+    # the core the Whisper encoder, Smart Turn or the LLM needs (benchmarks/RESULTS.md)
+    blas_threads: int = 1
 
 
 ECHO_MODES = ("auto", "on", "off")

@@ -83,6 +83,9 @@ def asr_stats(engine: Any) -> dict[str, int]:
 
 def load_models(cfg: Config, need_llm: bool = True, need_tts: bool = True) -> Models:
     """Load and warm up the configured backends (slow: seconds)."""
+    from agent.runtime import limit_blas_threads
+
+    limit_blas_threads(cfg.runtime)  # before any model runs NumPy's products
     vad = load(STAGES["vad_model"])(cfg.vad)  # one session; each call forks its own state
     if cfg.turn.mode not in TURN_MODES:  # before any model loads, not at the first call
         raise ConfigError(f"turn.mode: expected one of {', '.join(TURN_MODES)}, got {cfg.turn.mode!r}")

