@@ -53,8 +53,9 @@ class ASRConfig:
     # Whisper's text decoder: ctranslate2 — CTranslate2's own (int8 as compute_type says; beam
     # search; several workers); draft — NumPy, float32, greedy, one call at a time, each call
     # checking in one pass the tokens the stream's last call decoded, so a pause's transcript
-    # decodes only its new words: ~60 ms sooner, but float32 decoding loops on a few clips
-    # where int8 does not (benchmarks/RESULTS.md, 2026-12-07)
+    # decodes only its new words: on a 2-core EPYC the pause's transcript came 27-68 ms sooner
+    # but no turn's first audio did, and float32 decoding looped on two clips where int8 did
+    # not (benchmarks/RESULTS.md, 2026-12-07)
     decoder: str = "ctranslate2"
     threads: int = 2
     # backend calls at once, sharing the threads (0: the backend's default — Whisper one call
