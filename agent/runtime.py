@@ -104,6 +104,18 @@ def limit_blas_threads(cfg: RuntimeConfig | None = None) -> int:
     return cfg.blas_threads
 
 
+def blas_threads_in_force() -> int | None:
+    """The threads NumPy's BLAS uses now, read back through threadpoolctl (the most of its
+    libraries' where it loaded several); None where threadpoolctl is not installed or no BLAS
+    is loaded."""
+    try:
+        import threadpoolctl
+    except ImportError:
+        return None
+    counts = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
+    return max(counts) if counts else None
+
+
 def keep_heap_trimmed(cfg: RuntimeConfig | None = None) -> asyncio.Task[None] | None:
     """In a long-running server: every ``heap_trim_s``, a full collection of the cyclic
     garbage on the loop, then glibc's ``malloc_trim(0)`` on a thread of its own, returning the

@@ -19,7 +19,8 @@ For each setup N grows until a bar breaks; the capacity is the largest N with p9
 <= 1 s (newest audio in a partial to its delivery), at most 10% of partials shed, and at least
 one partial per second of caller speech (an engine under load sends partials less often rather
 than late; this bar keeps that honest). Times are
-time.monotonic_ns in the benchmark process.
+time.monotonic_ns in the benchmark process. NumPy's BLAS runs on ``runtime.blas_threads``
+threads, as asr-serve holds it (``--blas-threads 1 0`` measures both settings, level by level).
 
 Before the capacity runs, a lockstep pass (``--wer``, on by default) streams every clip of the
 speech set alone through VAD + streaming ASR, waiting for each model call before the next 20 ms
@@ -47,9 +48,10 @@ sys.path.insert(0, str(ROOT))
 from emit import emit  # noqa: E402
 
 from agent.audio import read_audio  # noqa: E402
-from agent.config import ASRConfig, VADConfig  # noqa: E402
+from agent.config import ASRConfig, RuntimeConfig, VADConfig  # noqa: E402
 from agent.frames import AudioIn, Direction, Frame, SpeechStopped, Transcript  # noqa: E402
 from agent.pipeline import Pipeline  # noqa: E402
+from agent.runtime import limit_blas_threads  # noqa: E402
 from agent.stage import Stage, StageContext  # noqa: E402
 from agent.trace import Trace  # noqa: E402
 from stages.asr.stage import StreamingASR, make_engine  # noqa: E402
@@ -313,6 +315,7 @@ async def run_level(setup: str, n: int, backend, vad_base, cfg: ASRConfig, clips
 
 
 async def main_async(args) -> dict:
+    limit_blas_threads(RuntimeConfig(blas_threads=args.blas_threads[0]))  # as asr-serve does
     cfg = ASRConfig(workers=args.workers).for_throughput()  # as asr-serve runs
     if args.max_batch:
         cfg.max_batch = args.max_batch
@@ -344,19 +347,31 @@ async def main_async(args) -> dict:
                   f"{x['mean_audio_s'] if x else 0:>8.1f}{y['partials'] if y else 0:>10}"
                   f"{y['mean_ms'] if y else 0:>9.0f}{y['mean_audio_s'] if y else 0:>9.1f}")
         print(flush=True)
+    out["blas_threads"] = args.blas_threads
     for setup in args.setups:
-        best = 0
+        # each BLAS setting at a level before the next level, so that both see the same machine
+        names = {b: setup if len(args.blas_threads) == 1 else f"{setup}@blas{b}"
+                 for b in args.blas_threads}
+        best = dict.fromkeys(names.values(), 0)
+        going = list(args.blas_threads)
         for n in args.levels:
-            r = await run_level(setup, n, backend, vad, cfg, clips, args)
-            out["levels"].append(r)
-            print(f"{setup:<9} N={n:<3} finals {r['finals']:>4}  p95 final {r['p95_final_ms']:>8.0f} ms  "
-                  f"p95 partial lag {r['p95_partial_lag_ms']:>8.0f} ms  shed {r['shed_ratio']:>5.0%}  "
-                  f"partials/speech s {r['partials_per_speech_s']:>4.1f}  "
-                  f"{'ok' if r['ok'] else 'FAIL'}", flush=True)
-            if not r["ok"]:
+            for b in list(going):
+                limit_blas_threads(RuntimeConfig(blas_threads=b))
+                r = await run_level(setup, n, backend, vad, cfg, clips, args)
+                r["blas_threads"] = b
+                out["levels"].append(r)
+                print(f"{names[b]:<9} N={n:<3} finals {r['finals']:>4}  p95 final "
+                      f"{r['p95_final_ms']:>8.0f} ms  p95 partial lag {r['p95_partial_lag_ms']:>8.0f} ms  "
+                      f"shed {r['shed_ratio']:>5.0%}  partials/speech s "
+                      f"{r['partials_per_speech_s']:>4.1f}  {'ok' if r['ok'] else 'FAIL'}", flush=True)
+                if r["ok"]:
+                    best[names[b]] = n
+                else:
+                    going.remove(b)
+            if not going:
                 break
-            best = n
-        out["capacity"][setup] = best
+        out["capacity"].update(best)
+    limit_blas_threads(RuntimeConfig(blas_threads=args.blas_threads[0]))
     return out
 
 
@@ -377,6 +392,9 @@ def main() -> int:
                     choices=["engine", "engine-full", "no-batch", "naive"])
     ap.add_argument("--no-wer", dest="wer", action="store_false",
                     help="skip the lockstep WER / per-partial cost pass")
+    ap.add_argument("--blas-threads", type=int, nargs="+", default=[RuntimeConfig().blas_threads],
+                    help="NumPy's BLAS threads (runtime.blas_threads; 0: NumPy's default, a thread "
+                         "a core); several: each setup at each setting, level by level")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     res = asyncio.run(main_async(args))
@@ -384,11 +402,13 @@ def main() -> int:
     print(f"\n{'setup':<10}{'capacity (callers)':>20}")
     for k, v in cap.items():
         print(f"{k:<10}{v:>20}")
-    if cap.get("naive"):
-        for k in ("engine", "engine-full", "no-batch"):
-            if k in cap:
-                res[f"ratio_{k.replace('-', '_')}_vs_naive"] = cap[k] / cap["naive"]
-                print(f"{k} / naive: {cap[k] / cap['naive']:.1f}x")
+    naive = next((k for k in cap if k.startswith("naive")), None)
+    if naive and cap[naive]:
+        for k in cap:
+            if not k.startswith("naive"):
+                key = k.replace("-", "_").replace("@", "_")
+                res[f"ratio_{key}_vs_naive"] = cap[k] / cap[naive]
+                print(f"{k} / {naive}: {cap[k] / cap[naive]:.1f}x")
     emit(res, args.json_out)
     return 0
 

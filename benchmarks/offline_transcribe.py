@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 from emit import emit  # noqa: E402
 
 from agent.audio import read_audio  # noqa: E402
-from agent.config import ASRConfig, VADConfig  # noqa: E402
+from agent.config import ASRConfig, RuntimeConfig, VADConfig  # noqa: E402
+from agent.runtime import limit_blas_threads  # noqa: E402
 from stages.asr.progressive import transcribe_files  # noqa: E402
 from stages.asr.wer import corpus_wer  # noqa: E402
 from stages.asr.whisper import WhisperBackend, embedded_model_dir  # noqa: E402
@@ -39,6 +40,9 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--blas-threads", type=int, default=RuntimeConfig().blas_threads,
+                    help="NumPy's BLAS threads for voxline's path (runtime.blas_threads, as "
+                         "`voxline transcribe` holds it; 0: NumPy's default)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     manifest = [json.loads(x) for x in (DATA / "manifest.jsonl").read_text().splitlines() if x.strip()]
@@ -48,6 +52,8 @@ def main() -> int:
     res: dict = {"benchmark": "offline_transcribe", "clips": len(audios), "audio_s": round(total, 1),
                  "batch_size": args.batch_size, "threads": args.threads}
 
+    res["blas_threads"] = args.blas_threads
+    limit_blas_threads(RuntimeConfig(blas_threads=args.blas_threads))
     cfg = ASRConfig(threads=args.threads).for_throughput()  # as `voxline transcribe` runs
     backend = WhisperBackend(cfg, max_batch=args.batch_size)
     backend.warmup()
@@ -65,6 +71,8 @@ def main() -> int:
                       "wer": corpus_wer(list(zip(refs, [r.text for r in out], strict=True)))}
 
     from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    limit_blas_threads(RuntimeConfig(blas_threads=0))  # faster-whisper with NumPy's own default
 
     model = WhisperModel(str(embedded_model_dir()), device="cpu", compute_type="int8",
                          cpu_threads=args.threads)

@@ -22,7 +22,8 @@ class Served:
     once, as the tests that restart a server under their clients need)."""
 
     def __init__(self, tmp_path: Path, *args: str, socket_path: str | None = None,
-                 token: bool = False, drain_s: float = 0.0) -> None:
+                 token: bool = False, drain_s: float = 0.0,
+                 env: dict[str, str] | None = None) -> None:
         self.path = socket_path or str(tmp_path / "asr.sock")
         self.log_path = tmp_path / f"asr-serve-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
@@ -30,12 +31,13 @@ class Served:
             [sys.executable, "-m", "agent.cli", "asr-serve", "--socket", self.path,
              "--drain-timeout", str(drain_s), *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         )
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         line = self._line()
         assert "listening on" in line, (line, self._stderr())
+        self.ready_line = line
         self.port = int(line.rsplit(":", 1)[1].split("/")[0]) if "http://" in line else None
         self.token = self._line().split("token ")[1].split()[0] if token else None
 

@@ -105,7 +105,13 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
     from agent.commands.operate import Telemetry
     from agent.ops import serve_until_stopped
     from agent.presets import backend_class
-    from agent.runtime import event_loop_name, freeze_after_warmup, keep_heap_trimmed
+    from agent.runtime import (
+        blas_threads_in_force,
+        event_loop_name,
+        freeze_after_warmup,
+        keep_heap_trimmed,
+        limit_blas_threads,
+    )
     from stages.asr.local_socket import group_id
     from stages.asr.server import ASRServer
     from stages.asr.stage import make_engine, stream_config
@@ -114,6 +120,7 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
 
     group = group_id(args.socket_group) if args.socket_group else None
     t0 = time.monotonic()
+    limit_blas_threads(cfg.runtime)  # before any model runs NumPy's products
     cfg.asr = cfg.asr.for_throughput()  # many streams: one Whisper call per thread
     cls = backend_class("asr", cfg.asr.backend)
     words = args.word_times or args.diarize
@@ -151,6 +158,8 @@ async def _serve(cfg: Config, path: str, http: tuple[str, int] | None, args: arg
         freeze_after_warmup(cfg.runtime)
         keep_heap_trimmed(cfg.runtime)
         extras = ", diarized responses" if speakers else (", word times" if words else "")
+        if (blas := blas_threads_in_force()) is not None:
+            extras += f", NumPy's BLAS on {blas} thread{'s' if blas != 1 else ''}"
         print(f"asr-serve: {cfg.asr.backend} ready in {time.monotonic() - t0:.1f} s, "
               f"{cfg.asr.slots} slots{extras}, {event_loop_name(cfg.runtime)} loop; listening on "
               f"{' and '.join(where)}", flush=True)

@@ -331,7 +331,9 @@ def _speaker_model(args: argparse.Namespace, cfg: Any):  # noqa: ANN202 — a st
 
 def _backend(cfg: Any, words: bool):  # noqa: ANN202 — an ASRBackend
     from agent.presets import backend_class
+    from agent.runtime import limit_blas_threads
 
+    limit_blas_threads(cfg.runtime)  # in this process: the command's, or a Ray actor's
     cls = backend_class("asr", cfg.asr.backend)
     asr = cfg.asr.for_throughput()  # files: one Whisper call per thread gets more done
     # Whisper times words only when asked (it costs ~15% more); Parakeet always does
