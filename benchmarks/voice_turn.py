@@ -11,7 +11,9 @@ SNR (``vad_eos`` p95 against the clean run), and a 30-turn call (``llm_first_tok
 last 10 turns against the first 10; ``long_call.py``). Under the table, each mode's slowest
 turns (``slowest`` in the JSON): the turns its p95 is made of, each with what the three readers
 of the end said (Smart Turn's P(complete), the words model's P, Whisper's P of a sentence end)
-and whether it waited for the decision or for the reply.
+and whether it waited for the decision or for the reply; and how many cores the process kept
+busy in each 100 ms after the voice's end (``cores_busy``: its CPU time, all threads, over the
+wall time, read at each caller frame), the median over the turns still waiting for their audio.
 
 The trace's origin is where the VAD finds the voice's end, and noise moves that: the soft last
 sounds of a word sink under it, so in a noisy run the origin comes earlier than in the clean
@@ -111,6 +113,9 @@ MODES = {
     # the defaults as before 2026-12-07: NumPy's BLAS on a thread a core (runtime.blas_threads
     # 0), which spin after each product
     "semantic-blas0": {"runtime.blas_threads": 0},
+    # the defaults with the reply's prompt and its first burst_tokens tokens on two llama.cpp
+    # threads (llm.batch_threads 2; generation drops to llm.threads after them)
+    "semantic-llm2": {"llm.batch_threads": 2},
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
     # the answer)
@@ -148,12 +153,15 @@ def mode_models(models, cfg: Config):  # noqa: ANN001, ANN201
         backend.warmup()
         asr = load("stages.asr.stage:make_engine")(backend, cfg.asr)
     llm, words = models.llm, models.turn_words
-    if llm is not None and getattr(llm, "cfg", cfg.llm).weights != cfg.llm.weights:
+    mine = getattr(llm, "cfg", cfg.llm)
+    if llm is not None and ((mine.weights, mine.threads, mine.batch_threads, mine.burst_tokens)
+                            != (cfg.llm.weights, cfg.llm.threads, cfg.llm.batch_threads,
+                                cfg.llm.burst_tokens)):
         from agent.presets import STAGES, backend_class, load  # an LLM of the mode's own
 
         llm = backend_class("llm", cfg.llm.backend)(cfg.llm)
         llm.warmup()
-        if words is not None:
+        if words is not None and mine.weights != cfg.llm.weights:
             words = load(STAGES["turn_words"])(cfg.turn, cfg.llm.weights)
     return dataclasses.replace(models, asr=asr, llm=llm, turn_words=words, tools=load_tools(cfg, llm),
                                tts=with_phrase_cache(tts, cfg.tts))
@@ -178,11 +186,13 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
         pcm = read_audio(path)
     session = new_session(cfg, models)
     clock: list[int] = []  # each caller frame's arrival (ns), in media order
+    cpu: list[int] = []  # the process's CPU time (ns, all its threads) at each arrival
     send_audio = session.send_audio
 
     def stamped(chunk: np.ndarray, t_ns: int | None = None) -> None:
         t_ns = t_ns or time.monotonic_ns()
         clock.append(t_ns)
+        cpu.append(time.process_time_ns())
         send_audio(chunk, t_ns=t_ns)
 
     session.send_audio = stamped
@@ -206,6 +216,7 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
         with contextlib.suppress(asyncio.CancelledError):
             await call
     return {"finals": finals, "turns": turns, "clock_ns": np.asarray(clock, dtype=np.int64),
+            "cpu_ns": np.asarray(cpu, dtype=np.int64),
             "partial_lag_ms": session.summary.get("partial_lag_ms", []),
             "wall_s": time.monotonic() - t0,
             "tokens": llm.tokens_generated, "tokens_discarded": llm.tokens_discarded,
@@ -234,6 +245,33 @@ def turn_ends(r: dict) -> list[dict]:
         t0 = turn["t0_ns"]
         out.append({"end": (k + 1) * FRAME_SAMPLES, "t0_ns": t0,
                     "decision_ns": t0 + ev["vad_decision"] * 1e6, "out_ns": t0 + ev["audio_out"] * 1e6})
+    return out
+
+
+CORES_STEP_MS = 100  # cores_busy: the width of each stretch after the voice's end
+
+
+def cores_busy(r: dict, t0_ns: int, out_ns: int) -> list[float]:
+    """How many cores the process kept busy (its CPU time over the wall time) in each
+    CORES_STEP_MS stretch from ``t0_ns`` (the voice's end) that ends before ``out_ns`` (the
+    first audio), from ``run_clip``'s CPU time at each caller frame (every 20 ms; between them
+    interpolated)."""
+    clock, cpu = r["clock_ns"], r["cpu_ns"]
+    if len(clock) < 2 or out_ns > clock[-1]:
+        return []
+    step = CORES_STEP_MS * 1_000_000
+    edges = np.arange(t0_ns, out_ns + 1, step, dtype=np.float64)
+    used = np.interp(edges, clock.astype(np.float64), cpu.astype(np.float64))
+    return [round(float(x), 3) for x in np.diff(used) / step]
+
+
+def cores_summary(rows: list[list[float]]) -> dict:
+    """Each stretch's median over the turns that reached it (and how many did)."""
+    out = {}
+    for k in range(max((len(r) for r in rows), default=0)):
+        xs = [r[k] for r in rows if len(r) > k]
+        out[f"{k * CORES_STEP_MS}-{(k + 1) * CORES_STEP_MS}"] = {
+            "median": round(float(np.median(xs)), 2), "turns": len(xs)}
     return out
 
 
@@ -337,6 +375,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     pairs_ls, pairs_all = [], []
     per_clip = []
     events: list[dict[str, float]] = []  # each complete turn's trace events
+    cores: list[list[float]] = []  # each complete turn's cores_busy
     ends: dict[str, list[int]] = {}  # each clip's turns' voice ends (media samples)
     from_clean: list[tuple[float, float, bool]] = []
     rows: list[dict] = []  # each complete turn (not a tool's): turn_row
@@ -376,6 +415,9 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
                 for k, v in turn["spans"].items():
                     spans.setdefault(k, []).append(v["ms"])
                 events.append(turn.get("events_ms", {}))
+                out_ms = turn.get("events_ms", {}).get("audio_out")
+                if turn.get("t0_ns") and out_ms is not None:
+                    cores.append(cores_busy(r, turn["t0_ns"], turn["t0_ns"] + int(out_ms * 1e6)))
                 if "voice_to_voice" in turn["spans"]:
                     rows.append(turn_row(m["id"], turn))
         spans["partial_lag"].extend(r["partial_lag_ms"])
@@ -396,6 +438,9 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "ref_words_librispeech": sum(len(normalize(r)) for r, _ in pairs_ls),
         "spans_ms": {k: percentiles(xs) for k, xs in spans.items() if xs},
         "timeline": timeline(events),
+        # the cores the process kept busy in each 100 ms after the voice's end, up to each
+        # turn's first audio (the median of the turns that reached each stretch)
+        "cores_busy": cores_summary(cores),
         # the turns behind the p95, slowest first, with what each reader of the end said
         "slowest": slowest_turns(rows),
         "tool_turns": {"voice_to_voice_ms": percentiles(tool_v2v) if tool_v2v else None,
@@ -483,6 +528,12 @@ def print_table(res: dict) -> None:
             print(f"{m}: the median turn, ms after the voice stopped: {steps}; "
                   f"{tl['waited_for_decision']} of {tl['with_both']} turns had their first audio "
                   "ready before the decision")
+        cb = modes[m].get("cores_busy")
+        if cb:
+            steps = ", ".join(f"{k} {v['median']:.2f} ({v['turns']})" for k, v in cb.items())
+            print(f"{m}: cores busy (CPU time over wall time, all of the process's threads) in each "
+                  f"100 ms after the voice stopped, median of the turns still waiting (how many): "
+                  f"{steps}")
     for m in names:
         slow, n = modes[m].get("slowest"), modes[m]["spans_ms"].get("voice_to_voice", {}).get("n", 0)
         if slow and n:

@@ -1,7 +1,8 @@
 """benchmarks/voice_turn.py's own arithmetic for the noisy runs: where each turn's voice ended
 (the caller frame whose arrival is the trace's origin), and a noisy run's turns measured from
 the voice ends of the clean run of the same clip; a set's share of the words model's counts;
-and the slowest turns listed under the table, with where the p95 lies among them."""
+the slowest turns listed under the table, with where the p95 lies among them; and the cores
+kept busy after the voice's end."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from voice_turn import (  # noqa: E402
     FRAME_SAMPLES,
     MATCH_MS,
     clean_end_summary,
+    cores_busy,
+    cores_summary,
     from_clean_ends,
     turn_ends,
     words_model_delta,
@@ -127,3 +130,23 @@ def test_the_slowest_turns_name_their_readers_and_what_they_waited_for() -> None
     assert (tl["turns"], tl["with_both"], tl["waited_for_decision"]) == (3, 2, 1)
     assert [ordinal(k) for k in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
+
+
+def test_cores_busy_is_cpu_time_over_wall_time_per_stretch_up_to_the_first_audio() -> None:
+    r = clip([10])
+    t0 = int(r["clock_ns"][10])
+    # CPU time: one core busy for the first 200 ms after t0, then two cores, then none
+    def used(t: float) -> float:
+        d = t - t0
+        if d <= 0:
+            return 0.0
+        return min(d, 200 * MS) + 2 * max(0.0, min(d, 500 * MS) - 200 * MS)
+    r["cpu_ns"] = np.array([int(used(t)) for t in r["clock_ns"]], dtype=np.int64)
+    got = cores_busy(r, t0, t0 + 650 * MS)
+    assert got == [1.0, 1.0, 2.0, 2.0, 2.0, 0.0]  # six whole stretches end before 650 ms
+    assert cores_busy(r, t0, int(r["clock_ns"][-1]) + 1) == []  # past the last frame: unknown
+    summary = cores_summary([got, [1.5, 0.5], []])
+    assert summary["0-100"] == {"median": 1.25, "turns": 2}
+    assert summary["100-200"] == {"median": 0.75, "turns": 2}
+    assert summary["500-600"] == {"median": 0.0, "turns": 1}
+    assert len(summary) == 6
