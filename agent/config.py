@@ -321,9 +321,10 @@ class RuntimeConfig:
     # with glibc's default, -0.07% with 2 arenas). $MALLOC_ARENA_MAX wins.
     malloc_arenas: int = 0
     # threads NumPy's BLAS (OpenBLAS) may use, set as the models load, by every command (0: its
-    # own default, a thread per core). Its products here are small — the log-mel filters of the ASR and Smart
-    # Turn, the draft decoder — and its idle threads spin on a core for a while after each,
-    # the core the Whisper encoder, Smart Turn or the LLM needs (benchmarks/RESULTS.md)
+    # own default, a thread per core). Its products here are small — the log-mel filters of
+    # the ASR and Smart Turn, the draft decoder — and its idle threads spin on a core for a
+    # while after each, the core the Whisper encoder, Smart Turn or the LLM needs
+    # (benchmarks/RESULTS.md)
     blas_threads: int = 1
 
 
