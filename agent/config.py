@@ -116,6 +116,9 @@ class TurnConfig:
     complete_threshold: float = 0.5  # semantic: P(turn complete) that ends the turn at once
     max_wait_ms: int = 1500  # semantic: silence that ends a turn the model judged incomplete
     rescore_ms: int = 300  # semantic: while waiting, the model looks again every this much silence
+    # semantic: the model first looks at Silero's pause (~100 ms before the VAD's stop) rather
+    # than at the stop, so its verdict is in sooner; a pause the caller ends costs a wasted look
+    ask_at_pause: bool = False
     model: str = ""  # Smart Turn ONNX file; empty: the one the pipecat-ai wheel ships
     threads: int = 1  # onnxruntime intra-op threads for the turn model
     max_batch: int = 1  # pauses of different calls scored in one model call (CPU: cost is linear)

@@ -204,7 +204,8 @@ def config_for(base: Config, name: str) -> Config:
     before 2026-12-05), ``words-noasrend`` (the ASR's P(a sentence ends) not read,
     ``turn.text_asr_end`` 0, as before 2026-12-06), ``words-asrendNN`` (``text_asr_end`` NN/100),
     ``words-noasrsure`` (an end the ASR is sure of does not outweigh the words,
-    ``turn.text_asr_sure`` 2, as before 2026-12-06's fourth session),
+    ``turn.text_asr_sure`` 2, as before 2026-12-06's fourth session), ``words-early`` (the
+    turn model's first look at Silero's pause, ``turn.ask_at_pause``),
     ``wait-MS`` (the defaults with ``max_wait_ms`` and ``text_wait_ms``
     both MS: what a shorter wait for an unfinished-sounding caller costs in cut-offs)."""
     cfg = copy.deepcopy(base)
@@ -218,6 +219,8 @@ def config_for(base: Config, name: str) -> Config:
         cfg.turn.text_near_share = 2.0  # above the threshold itself: never
     elif name == "words-noasrend":  # the words' verdict whatever the ASR heard of the end
         cfg.turn.text_asr_end = 0.0
+    elif name == "words-early":  # the turn model's first look at Silero's pause
+        cfg.turn.ask_at_pause = True
     elif name == "words-noasrsure":  # the ASR's sure end does not outweigh the words
         cfg.turn.text_asr_sure = 2.0
     elif name.startswith("words-asrend"):  # the ASR's end read at NN/100 (words-asrend80)

@@ -116,6 +116,9 @@ MODES = {
     # the defaults with the reply's prompt and its first burst_tokens tokens on two llama.cpp
     # threads (llm.batch_threads 2; generation drops to llm.threads after them)
     "semantic-llm2": {"llm.batch_threads": 2},
+    # the defaults with the turn model's first look at Silero's pause, not at the VAD's stop
+    # (turn.ask_at_pause; its cut-offs: turn_cutoffs.py --configs words-early)
+    "semantic-early": {"turn.ask_at_pause": True},
     # every turn calls a tool (forced: the embedded model would not choose one) that takes
     # LOOKUP_S; its turns' voice-to-voice is reported on its own (first audio: the filler or
     # the answer)

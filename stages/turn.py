@@ -351,8 +351,12 @@ class TurnDetector(Stage):
             self._check_barge_in()
 
     def _on_speech_paused(self, frame: SpeechPaused) -> None:
-        if self._open is not None:
+        seg = self._open
+        if seg is not None:
             self._paused = True
+            if (self.cfg.ask_at_pause and self.scorer is not None and seg.role is Role.TURN
+                    and not self._asking and not self.model_failures):
+                self._ask()  # the verdict for the stop that may follow, asked before it
         ov = self._overlap
         if ov is None or ov.paused_at is not None or self._open is None:
             return

@@ -90,12 +90,17 @@ class Call:
         self.send(SpeechStarted(at, t_ns=self.tick()))
         return at
 
-    def speech_stop(self, started_at: int) -> SpeechStopped:
-        """Speech ended now; the VAD pauses at once and stops after VAD_STOP_MS of silence."""
+    def pause(self) -> int:
+        """Speech ended now; the VAD pauses 40 ms later. Where the speech ended."""
         end = self.pos
-        held = self.audio_frames[-1].t_ns
         self.audio(40)
         self.send(SpeechPaused(end, t_ns=self.tick()))
+        return end
+
+    def speech_stop(self, started_at: int) -> SpeechStopped:
+        """Speech ended now; the VAD pauses at once and stops after VAD_STOP_MS of silence."""
+        held = self.audio_frames[-1].t_ns
+        end = self.pause()
         self.audio(VAD_STOP_MS - 40)
         return self.send(
             SpeechStopped(end, started_at=started_at, speech_end_ns=held, t_ns=self.tick())
@@ -747,15 +752,73 @@ def test_speech_that_resumes_mid_thought_joins_the_turn_and_cancels_the_candidat
     asyncio.run(main())
 
 
+def test_asked_at_the_pause_the_verdict_is_in_by_the_stop() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.93)
+        call = SemanticCall(scorer, TurnConfig(pause_ms=VAD_STOP_MS, ask_at_pause=True))
+        await call.begin()
+        at = call.speech_start()
+        call.audio(840)
+        end = call.pause()
+        await call.settle()
+        # asked at Silero's pause, on the audio heard up to it
+        assert scorer.asked == [end + 40 * MS]
+        call.audio(VAD_STOP_MS - 40)
+        stop = call.send(SpeechStopped(end, started_at=at, t_ns=call.tick()))
+        await call.settle()
+        assert call.ends() == []  # the verdict is in; the text is not
+        call.final("book a table for two", at, stop.at)  # type: ignore[attr-defined]
+        assert call.ends() == ["book a table for two"]
+        assert len(scorer.asked) == 1  # the stop used the pause's verdict: no second look
+    asyncio.run(main())
+
+
+def test_a_verdict_asked_at_a_pause_the_caller_ended_is_not_used() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.97, 0.05)
+        call = SemanticCall(scorer, TurnConfig(pause_ms=VAD_STOP_MS, ask_at_pause=True,
+                                               max_wait_ms=1500, rescore_ms=0))
+        await call.begin()
+        at = call.speech_start()
+        call.audio(500)
+        call.send(SpeechPaused(call.pos, t_ns=call.tick()))
+        await call.settle()
+        call.audio(100)
+        call.send(SpeechResumed(call.pos, t_ns=call.tick()))  # the caller goes on
+        call.audio(400)
+        stop = call.speech_stop(at)  # paused (asked again), then stopped
+        await call.settle()
+        call.final("I would like a", stop.started_at, stop.at)
+        await call.settle()
+        assert len(scorer.asked) == 2
+        assert call.ends() == []  # 0.97 was for the first pause; this one's verdict is 0.05
+        for _ in range(30):
+            call.audio(20)
+            await call.settle()
+        assert call.ends() == []
+    asyncio.run(main())
+
+
+def test_no_look_at_a_pause_in_speech_over_the_agent() -> None:
+    async def main() -> None:
+        scorer = ScriptedScorer(0.9)
+        call = SemanticCall(scorer, TurnConfig(pause_ms=VAD_STOP_MS, ask_at_pause=True,
+                                               barge_in_min_speech_ms=2000))
+        await call.begin()
+        call.bot(BotStartedSpeaking())
+        call.say(300)  # a short sound over the agent: a backchannel, not a turn
+        await call.settle()
+        assert scorer.asked == []
+    asyncio.run(main())
+
+
 def test_a_speculative_transcript_during_the_pause_is_offered_as_a_candidate() -> None:
     async def main() -> None:
         call = SemanticCall(ScriptedScorer(0.9))
         await call.begin()
         at = call.speech_start()
         call.audio(800)
-        end = call.pos
-        call.audio(40)
-        call.send(SpeechPaused(end, t_ns=call.tick()))
+        end = call.pause()
         call.send(Transcript("what time is it", final=False, start=at, end=end, speculative=True))
         call.send(Transcript("what time is it", final=False, start=at, end=end))  # a partial
         assert call.candidates() == ["what time is it"]
