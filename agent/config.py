@@ -117,7 +117,9 @@ class TurnConfig:
     max_wait_ms: int = 1500  # semantic: silence that ends a turn the model judged incomplete
     rescore_ms: int = 300  # semantic: while waiting, the model looks again every this much silence
     # semantic: the model first looks at Silero's pause (~100 ms before the VAD's stop) rather
-    # than at the stop, so its verdict is in sooner; a pause the caller ends costs a wasted look
+    # than at the stop. Heard sooner, a mid-sentence pause sounds less finished: fewer callers
+    # cut off, but the look shares the cores with the pause's transcript (on 2 cores the turn
+    # came no sooner) and a pause the caller ends costs one (benchmarks/RESULTS.md)
     ask_at_pause: bool = False
     model: str = ""  # Smart Turn ONNX file; empty: the one the pipecat-ai wheel ships
     threads: int = 1  # onnxruntime intra-op threads for the turn model

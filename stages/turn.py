@@ -150,9 +150,11 @@ class TurnDetector(Stage):
     enough depends on the mode:
 
     * ``semantic`` (with a turn model): at each stop of the VAD (its stop silence is the short
-      ``pause_ms``) the model scores the last 8 s of the caller's audio. At or above
-      ``complete_threshold`` the turn ends at once; below, it waits — the model looks again
-      every ``rescore_ms`` of silence — and ends after ``max_wait_ms`` of silence at the latest.
+      ``pause_ms``) the model scores the last 8 s of the caller's audio (with
+      ``ask_at_pause``, already at the VAD's ``SpeechPaused`` before it, the stop using that
+      verdict; a pause the caller ends drops it). At or above ``complete_threshold`` the turn
+      ends at once; below, it waits — the model looks again every ``rescore_ms`` of silence —
+      and ends after ``max_wait_ms`` of silence at the latest.
       With ``text_check`` (and a words model) the turn's text must read finished as well:
       the words model's P(the message ends here) at or above ``text_threshold``. It is asked
       as soon as the pause's text is known (a speculative or a final transcript), beside the
