@@ -360,7 +360,7 @@ class TurnDetector(Stage):
                     and not self._asking and not self.model_failures):
                 self._ask()  # the verdict for the stop that may follow, asked before it
         ov = self._overlap
-        if ov is None or ov.paused_at is not None or self._open is None:
+        if ov is None or ov.paused_at is not None or seg is None:
             return
         ov.banked += max(0, frame.at - ov.since)
         ov.paused_at = frame.at
