@@ -320,6 +320,8 @@ class ASREngine:
                 self._queue = deque(r for r in live if r not in taken)
                 if batch or not self._queue:
                     self._running.update(id(r.state) for r in batch if r.state is not None)
+                    if batch:  # in a call from here on, under this lock: a cancel finds it
+                        self._in_calls.append(batch)
                     return batch
                 # Every stream queued is in a running call: wait until one returns.
                 self._cv.wait()
@@ -352,8 +354,6 @@ class ASREngine:
             if not batch:
                 continue
             t0 = time.perf_counter()
-            with self._cv:
-                self._in_calls.append(batch)
             try:
                 hyps = self._call(batch)
             except Exception as exc:  # a failing batch fails its requests, not the engine
