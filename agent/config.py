@@ -267,6 +267,11 @@ class AgentConfig:
     # benchmark counts the gaps inside replies).
     min_first_chunk_words: int = 1
     max_first_chunk_words: int = 2
+    # The second chunk too may end at a clause (after 3 words) and ends after this many words at
+    # the latest (0: at a sentence, as later chunks do): its audio must come before the first
+    # chunk's (a word or two, ~0.5 s) has played, and a long sentence's synthesis took longer —
+    # the caller heard a silence inside the reply (benchmarks/reply_gaps.py)
+    max_second_chunk_words: int = 8
     first_audio_wait_ms: int = 600  # the LLM pauses after its first chunk until that audio is out
     prefill: bool = True  # a local LLM evaluates the likely prompt while the end of speech is confirmed
     # at a pause, prepare the reply (LLM and first TTS audio) to the speculative transcript while

@@ -26,7 +26,8 @@ Latencies are wall-clock (time.monotonic_ns) inside the voxline process: from th
 caller's last speech frame to the first agent audio frame handed to the transport. ``--fast``
 only skips quiet stretches; each turn runs in real time. A call ends once the recording has
 been played and nothing is pending (no open turn, no open speech): the rest of the agent's
-reply is not needed to measure its first audio. Prints a table and one JSON line.
+reply is not needed to measure its first audio (so the gaps inside replies it counts are those
+before that; ``reply_gaps.py`` plays every reply out). Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -485,16 +486,26 @@ def words_model_delta(before: dict | None, words) -> dict | None:  # noqa: ANN00
     return {k: now[k] - before[k] for k in now}
 
 
-async def main_async(args: argparse.Namespace, base: Config) -> dict:
+def speech_set(only: str | None = None, limit: int | None = None) -> list[dict]:
+    """The speech set's manifest entries (ids starting with ``only``; the first ``limit``)."""
     manifest = [json.loads(x) for x in (DATA / "manifest.jsonl").read_text().splitlines() if x.strip()]
-    if args.only:
-        manifest = [m for m in manifest if m["id"].startswith(args.only)]
-    if args.limit:
-        manifest = manifest[: args.limit]
+    if only:
+        manifest = [m for m in manifest if m["id"].startswith(only)]
+    return manifest[:limit] if limit else manifest
+
+
+def warm_models(base: Config):  # noqa: ANN201 (agent.presets.Models)
+    """The embedded models loaded and warmed (timed), then the heap frozen as a server does."""
     t = time.monotonic()
     models = load_models(base)
     print(f"models loaded in {time.monotonic() - t:.1f} s", flush=True)
     freeze_after_warmup(base.runtime)
+    return models
+
+
+async def main_async(args: argparse.Namespace, base: Config) -> dict:
+    manifest = speech_set(args.only, args.limit)
+    models = warm_models(base)
     res: dict = {"benchmark": "voice_turn", "clips": len(manifest), "asr": base.asr.backend,
                  "llm": base.llm.backend, "tts": base.tts.backend, "modes": {}}
     for mode in args.modes:

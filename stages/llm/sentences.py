@@ -1,7 +1,10 @@
 """Turns a stream of LLM tokens into speakable chunks for the TTS.
 
 The first chunk of a reply may end at a clause boundary (comma, semicolon, colon, dash) once it
-holds enough words, so the caller hears the agent sooner; later chunks end at sentences.
+holds enough words, so the caller hears the agent sooner. So may the second, within a word limit,
+so that its audio comes before the first's short audio has played out: the TTS speaks a chunk
+at a time, and a long sentence after a two-word start left the caller in silence (see
+``AgentConfig.max_second_chunk_words``). Later chunks end at sentences.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ _ABBREVIATIONS = frozenset(
 )
 
 
+# A second chunk's clause cut needs this many words ("for any misunderstanding," is worth a
+# synthesis of its own; "but," is not).
+SECOND_CHUNK_MIN_WORDS = 3
+
+
 class SentenceAggregator:
     """Feed it LLM text deltas; it returns the chunks that are complete.
 
@@ -32,11 +40,13 @@ class SentenceAggregator:
     is left at the end of the reply and readies the aggregator for the next one.
     """
 
-    def __init__(self, min_first_chunk_words: int = 3, max_first_chunk_words: int = 0) -> None:
+    def __init__(self, min_first_chunk_words: int = 3, max_first_chunk_words: int = 0,
+                 max_second_chunk_words: int = 0) -> None:
         self.min_first_chunk_words = min_first_chunk_words
         self.max_first_chunk_words = max_first_chunk_words
+        self.max_second_chunk_words = max_second_chunk_words
         self._buf = ""
-        self._first = True
+        self._cut = 0  # chunks cut from this reply so far
 
     def feed(self, text: str) -> list[str]:
         self._buf += text
@@ -46,22 +56,33 @@ class SentenceAggregator:
             self._buf = self._buf[cut:]
             if chunk:
                 chunks.append(chunk)
-                self._first = False
+                self._cut += 1
         return chunks
 
     def flush(self) -> str | None:
         rest = self._buf.strip()
         self._buf = ""
-        self._first = True
+        self._cut = 0
         return rest or None
+
+    def _limits(self) -> tuple[int, int] | None:
+        """The next chunk's (fewest words before a clause may end it, most words before it is
+        cut at a word; 0: never), or None where only a sentence's end ends it."""
+        if self._cut == 0:
+            return self.min_first_chunk_words, self.max_first_chunk_words
+        if self._cut == 1 and self.max_second_chunk_words:
+            return min(SECOND_CHUNK_MIN_WORDS, self.max_second_chunk_words), \
+                self.max_second_chunk_words
+        return None
 
     def _find_cut(self) -> int | None:
         buf = self._buf
         n = len(buf)
-        word_cut = self._word_cut(buf) if self._first and self.max_first_chunk_words else None
+        limits = self._limits()
+        word_cut = self._word_cut(buf, *limits) if limits and limits[1] else None
         for i, ch in enumerate(buf):
             if word_cut is not None and i >= word_cut:
-                return word_cut  # the first chunk's word limit comes before any boundary
+                return word_cut  # the chunk's word limit comes before any boundary
             if ch == "\n":
                 return i + 1
             if ch in _TERMINATORS:
@@ -75,25 +96,27 @@ class SentenceAggregator:
                 if ch == "." and _is_abbreviation(buf, i):
                     continue
                 return j
-            if self._first and self._is_clause_mark(buf, i):
+            if limits and self._is_clause_mark(buf, i):
                 if i + 1 == n and ch not in _DASHES:
                     return None
-                if (ch in _DASHES or buf[i + 1].isspace()) and self._enough_words(buf[:i]):
+                if (ch in _DASHES or buf[i + 1].isspace()) and len(buf[:i].split()) >= limits[0]:
                     return i + 1
         return word_cut
 
-    def _word_cut(self, buf: str) -> int | None:
-        """The first chunk has no boundary yet but ``max_first_chunk_words`` complete words:
-        cut before a conjunction if one follows the minimum, else after the last of them.
-        Time to first audio grows with the first chunk's length (the TTS synthesizes a chunk at
-        a time), so a long first sentence is not waited for."""
+    @staticmethod
+    def _word_cut(buf: str, least: int, most: int) -> int | None:
+        """The chunk has no boundary yet but ``most`` complete words: cut before a conjunction
+        if one follows the ``least``-th word, else after the last of them. Time to first audio
+        grows with the first chunk's length (the TTS synthesizes a chunk at a time), so a long
+        first sentence is not waited for; nor is a long second one, while the first's audio
+        plays."""
         words = [m for m in re.finditer(r"\S+", buf) if m.end() < len(buf)]  # complete words
-        if len(words) < self.max_first_chunk_words:
+        if len(words) < most:
             return None
-        for w in words[self.min_first_chunk_words : self.max_first_chunk_words]:
+        for w in words[least:most]:
             if w.group().lower() in _CONJUNCTIONS:
                 return w.start()
-        return words[self.max_first_chunk_words - 1].end()
+        return words[most - 1].end()
 
     @staticmethod
     def _is_clause_mark(buf: str, i: int) -> bool:
@@ -102,9 +125,6 @@ class SentenceAggregator:
             return True
         # A hyphen is a dash only between spaces ("well - maybe"), never inside a word.
         return ch == "-" and i > 0 and buf[i - 1] == " "
-
-    def _enough_words(self, text: str) -> bool:
-        return len(text.split()) >= self.min_first_chunk_words
 
 
 def _is_abbreviation(buf: str, dot: int) -> bool:

@@ -700,7 +700,8 @@ class LLMStage(QueuedStage):
         tool calls it made in ``reply.calls`` (the caller closes the step: the history, the
         tools, LLMEnd)."""
         chunks = SentenceAggregator(self.agent.min_first_chunk_words,
-                                    self.agent.max_first_chunk_words)
+                                    self.agent.max_first_chunk_words,
+                                    self.agent.max_second_chunk_words)
         first_chunk = step == 0
         if not reply.confirmed:
             self._spoke.clear()

@@ -590,3 +590,27 @@ def test_announced_calls_that_never_come_leave_no_stray_filler() -> None:
             await h.session.close()
 
     run(main())
+
+
+def test_the_reply_is_chunked_for_the_tts_as_the_agent_config_says() -> None:
+    """[agent]'s chunk limits reach the stage: a two-word start, a second chunk that ends at
+    its clause (max_second_chunk_words), then sentences — and again for each reply."""
+    reply = "Sure thing, for a table of four, we have seven o'clock free. Anything else?"
+    tokens = [w if i == 0 else " " + w for i, w in enumerate(reply.split())]
+
+    async def spoken(**agent: Any) -> list[str]:
+        h = Harness(ToolScriptLLM(tokens, tokens), Tools([check_slots]),
+                    min_first_chunk_words=1, max_first_chunk_words=2, **agent)
+        await h.session.start()
+        try:
+            for n in (1, 2):
+                h.session.push(UserTurnEnded("A table for four?"))
+                await h.until(lambda n=n: len(h.ends) == n)
+            return h.spoken
+        finally:
+            await h.session.close()
+
+    chunks = ["Sure thing,", "for a table of four,", "we have seven o'clock free.", "Anything else?"]
+    assert asyncio.run(spoken(max_second_chunk_words=6)) == chunks * 2
+    assert asyncio.run(spoken(max_second_chunk_words=0)) == [
+        "Sure thing,", "for a table of four, we have seven o'clock free.", "Anything else?"] * 2

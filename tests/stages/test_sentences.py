@@ -133,3 +133,39 @@ def test_word_limit_without_a_conjunction_and_only_for_the_first_chunk():
     assert out[0] == "One two three four"
     assert out[1] == "five six seven eight nine ten."
     assert out[2].startswith("Alpha beta gamma delta epsilon")  # later chunks wait for sentences
+
+
+def test_a_long_second_chunk_ends_at_a_clause_or_its_word_limit():
+    from stages.llm.sentences import SentenceAggregator
+
+    # The 2026-12-07 gap: "I'm sorry" then a 22-word sentence whose synthesis outlasted it.
+    reply = ("I'm sorry for any misunderstanding, but as a voice assistant, I'm designed to "
+             "provide assistance and support. Is there anything else?")
+    agg = SentenceAggregator(min_first_chunk_words=1, max_first_chunk_words=2,
+                             max_second_chunk_words=6)
+    out = [c for tok in reply.split(" ") for c in agg.feed(" " + tok)]
+    assert out == ["I'm sorry", "for any misunderstanding,",  # a clause after 3 words
+                       "but as a voice assistant, I'm designed to provide assistance and support."]
+    assert agg.flush() == "Is there anything else?"  # later chunks end at sentences
+
+    # no clause mark: cut before a conjunction after the third word, else after the sixth
+    agg = SentenceAggregator(1, 2, 6)
+    assert agg.feed("Sure thing, ") == ["Sure thing,"]
+    assert agg.feed("Let me look it up and book a table now. ") == [
+        "Let me look it up", "and book a table now."]  # before "and", the fifth word
+    agg.flush()
+    assert agg.feed("Sure thing, ") == ["Sure thing,"]  # a new reply: its first chunk again
+    assert agg.feed("one two three four five six seven eight. ") == [
+        "one two three four five six", "seven eight."]
+    agg.flush()
+    # "but," alone is too short for a chunk of its own; a short sentence is not cut at all
+    agg = SentenceAggregator(1, 2, 6)
+    assert agg.feed("Well, but, yes I can. ") == ["Well,", "but, yes I can."]
+
+
+def test_the_second_chunk_waits_for_a_sentence_when_its_limit_is_off():
+    from stages.llm.sentences import SentenceAggregator
+
+    agg = SentenceAggregator(1, 2)  # max_second_chunk_words 0
+    out = agg.feed("I'm sorry for any misunderstanding, but as a voice assistant, I can help. ")
+    assert out == ["I'm sorry", "for any misunderstanding, but as a voice assistant, I can help."]
