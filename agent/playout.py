@@ -143,6 +143,13 @@ class Playout:
     def queued_samples(self) -> int:
         return self._queued
 
+    def lead_samples(self, reply: int) -> int:
+        """Agent samples queued ahead of the caller now; where message ``reply``'s audio ran out
+        and more of it is awaited, minus the silence heard since (the gap its next audio ends)."""
+        if reply and self._queued == 0 and self._dry_reply == reply:
+            return -self._dry_samples
+        return self._queued
+
     @property
     def idle(self) -> bool:
         return not self.speaking and self._queued == 0 and not self._utterance_open

@@ -66,10 +66,8 @@ class ChunkWatch:
                 reply, k, text = self._pending
                 self._pending = None
                 if k >= 1 and reply:
-                    p = self.playout
-                    dry = p._dry_samples if p._dry_reply == reply and p._queued == 0 else 0
                     self.rows.append({"index": k, "words": len(text.split()),
-                                      "ahead_ms": round((p._queued - dry) / MS)})
+                                      "ahead_ms": round(self.playout.lead_samples(reply) / MS)})
             write(pcm, last)
 
         playout.begin_text, playout.write = begin_text, write_
