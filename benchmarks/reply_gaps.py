@@ -7,7 +7,7 @@ The TTS speaks a reply a chunk at a time; the first chunk is a word or two (~0.5
 that the caller hears the agent sooner, and the next chunk's audio must arrive before that has
 played. For every chunk after a reply's first this records how much agent audio was still
 queued when its audio arrived (``ahead_ms``; negative: the caller heard that long a silence
-first, a gap). Printed per setting: replies, later chunks, gaps (count, total, longest), the
+first, a gap). Printed per setting: turns, later chunks, gaps (count, total, longest), the
 5th/10th/50th percentile of the second chunk's ``ahead_ms``, later chunks that came with under
 200 ms to spare, and voice-to-voice p50/p95 (the first audio is the first chunk's, so the
 setting should not move it; also paired per turn against the first setting). Latencies are
@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from emit import emit  # noqa: E402
-from voice_turn import DATA, mode_config, mode_models, speech_set, warm_models  # noqa: E402
+from voice_turn import (  # noqa: E402
+    DATA,
+    mode_config,
+    mode_models,
+    percentiles,
+    speech_set,
+    warm_models,
+)
 
 from agent.audio import read_audio  # noqa: E402
 from agent.config import Config, add_config_flags, config_from_args  # noqa: E402
@@ -80,15 +86,12 @@ async def run_clip(cfg: Config, models: Any, pcm: np.ndarray) -> dict[str, Any]:
     session = new_session(cfg, models)
     session.trace.listeners.append(turns.append)
     watch = ChunkWatch(session.playout)
-    t0 = time.monotonic()
     async with session:
         await FileCall(pcm, fast=True, tail_s=30.0).run(session)
     v2v = [t["spans"]["voice_to_voice"]["ms"] for t in turns
            if t.get("type") == "turn" and t.get("complete") and "voice_to_voice" in t["spans"]]
-    replies = sum(1 for t in turns if t.get("type") == "turn" and t.get("complete"))
-    return {"v2v_ms": v2v, "replies": replies, "chunks": watch.rows,
-            "gaps": session.playout.gaps, "gap_ms": session.playout.gap_samples / MS,
-            "wall_s": time.monotonic() - t0}
+    return {"v2v_ms": v2v, "chunks": watch.rows,
+            "gaps": session.playout.gaps, "gap_ms": session.playout.gap_samples / MS}
 
 
 def pct(xs: list[float], p: float) -> float | None:
@@ -108,7 +111,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if second else None,
         "second_ahead_ms": {f"p{p}": pct(second, p) for p in (5, 10, 50)},
         f"under_{SHORT_MS}_ms": sum(1 for c in later if c["ahead_ms"] < SHORT_MS),
-        "v2v_ms": {"p50": pct(v2v, 50), "p95": pct(v2v, 95)},
+        "v2v_ms": percentiles(v2v) if v2v else {"n": 0, "p50": None, "p95": None},
     }
 
 
