@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import speech
 
-pytestmark = pytest.mark.slow
+# each starts a local Ray cluster: under pytest-xdist, one worker runs them one after another
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 ray = pytest.importorskip("ray", reason="the Ray Serve tests need the ray extra (pip install 'voxline[ray]')")
 
 from agent.commands.ray_serve import APP_NAME, ScaleOptions, voice_app  # noqa: E402

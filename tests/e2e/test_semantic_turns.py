@@ -41,6 +41,12 @@ CONTROL_PAUSE_MS = 900
 # the sound cuts on this machine, and needs at least one.
 WORDS_CLIPS = ["turn/ls-dev-clean-1988-24833-0001.wav", "ls-test-clean-4507-16021-0012.wav",
                "turn/librivox-sense-and-sensibility-01-0890.wav"]
+# Their pause: long enough that the sound's verdict comes inside it on a loaded machine, and
+# short of the words' own wait (text_wait_ms, 1.5 s). In a 600-ms pause the sound cut two of
+# the three ~490 ms in on a quiet first-generation Zen EPYC, and none with the suite on two
+# pytest-xdist workers or beside two busy processes (its verdict came after the caller went
+# on); in 1,200 ms it cut all three quiet (490-800 ms in) and two beside the busy processes.
+WORDS_PAUSE_MS = 1200
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +128,7 @@ def test_words_that_read_unfinished_hold_a_pause_the_sound_takes_for_the_end(mod
     by_sound.turn.text_check = False
     held = 0
     for name in WORDS_CLIPS:
-        pcm, lo, hi = clip_with_pause(name)
+        pcm, lo, hi = clip_with_pause(name, WORDS_PAUSE_MS)
         sound = asyncio.run(turns(by_sound, models, pcm))
         if not any(lo < at <= hi for at, _ in sound):
             continue  # the sound itself waits here: nothing for the words to hold

@@ -13,7 +13,8 @@ import speech
 
 from stages.asr.wer import wer
 
-pytestmark = pytest.mark.slow
+# each starts a local Ray cluster: under pytest-xdist, one worker runs them one after another
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 pytest.importorskip("ray.data", reason="--ray needs the ray extra (pip install 'voxline[ray]')")
 
 CLIPS = ("kittens", "honest", "quilter")
