@@ -95,11 +95,24 @@ CALLER = [
 
 
 @pytest.fixture(scope="module")
-def warm() -> LocalLLM:
+def warm_model() -> LocalLLM:
     pytest.importorskip("llama_cpp")
     model = LocalLLM(LLMConfig(max_tokens=20, temperature=0.0, threads=1))
     model.warmup()
     return model
+
+
+@pytest.fixture()
+def warm(warm_model: LocalLLM) -> LocalLLM:
+    """The module's model as warm-up leaves it — the system prompt in the cache, no other
+    conversation in it or saved. Which tests ran before this one on its worker varies under
+    pytest-xdist, and what they left is not this test's: after the ten-turn test alone, the
+    prefill test's first prompt saved that conversation (the same first turns), and its
+    prefill of the second turn restored it and evaluated 1 token."""
+    warm_model.saved.clear()
+    warm_model._truncate(0)  # the live conversation (the worker is idle between tests)
+    warm_model.warmup()
+    return warm_model
 
 
 async def talk(llm: LocalLLM, history: ChatHistory, text: str) -> PromptStats:
