@@ -37,6 +37,18 @@ async def _turns(ws: aiohttp.ClientWebSocketResponse, n: int) -> None:
                     break
 
 
+async def _until_closed(ws: aiohttp.ClientWebSocketResponse) -> aiohttp.WSMessage:
+    """What the server still sends after the caller's hangup, read up to its close (which the
+    client then answers, as a browser does): the close message. A client that stops reading
+    leaves the server waiting out the close handshake with the call still listed."""
+    async with asyncio.timeout(5):
+        while True:
+            msg = await ws.receive()
+            if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING,
+                            aiohttp.WSMsgType.CLOSED):
+                return msg
+
+
 @contextlib.asynccontextmanager
 async def served(new_session) -> AsyncIterator[tuple[VoiceServer, Metrics, str]]:
     """A VoiceServer operated as ``voxline serve`` runs it — its metrics, the budget log, the
@@ -66,7 +78,7 @@ def test_metrics_of_a_live_call_parse_and_count_its_turns(new_session, caplog):
             async with http.get(f"{base}/readyz") as r:
                 ready = (r.status, await r.json())
             await ws.send_str(json.dumps({"type": "hangup"}))
-            await ws.receive(timeout=5)
+            await _until_closed(ws)
             async with asyncio.timeout(5):
                 while server.calls:
                     await asyncio.sleep(0.01)
@@ -132,7 +144,7 @@ def test_a_drain_refuses_new_calls_and_lets_the_live_one_end_normally(new_sessio
                 refused = (r.status, await r.text())
             await _turns(ws, 2)  # the live call goes on: two more answered turns
             await ws.send_str(json.dumps({"type": "hangup"}))
-            close = await ws.receive(timeout=5)
+            close = await _until_closed(ws)
             left = await asyncio.wait_for(drained, 10)
             got = samples(metrics.render()[0].decode())
         return ready, refused, close, left, got
