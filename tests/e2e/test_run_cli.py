@@ -22,7 +22,8 @@ CLIP_TEXT = speech.text("kittens")  # far from the ASR's edge (tests/speech.py)
 SPANS = {"vad_eos", "asr_final", "llm_first_token", "llm_first_chunk", "tts_first_audio", "transport_send",
          "voice_to_voice"}
 
-pytestmark = pytest.mark.slow
+# one worker runs the module: its ``call`` fixture (a whole `voxline run`) is shared by its tests
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("run_cli")]
 
 
 def voxline(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

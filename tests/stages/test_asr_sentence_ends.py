@@ -16,6 +16,9 @@ from agent.config import ASRConfig
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("faster_whisper")
+# one worker runs the module: its fixture transcribes everything up front (~90 s on 2 cores),
+# and split over two workers each would do it all
+pytestmark = pytest.mark.xdist_group("asr_sentence_ends")
 
 from stages.asr.whisper import WhisperBackend  # noqa: E402
 

@@ -24,6 +24,8 @@ from stages.smart_turn import FRAMES, MEL_BINS, WINDOW_SAMPLES, SmartTurnModel, 
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("faster_whisper")
+# one worker runs the module: its ``scores`` fixture runs the model on every clip up front
+pytestmark = pytest.mark.xdist_group("smart_turn")
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SR = 16_000
