@@ -194,6 +194,7 @@ def test_calls_spread_over_both_replicas_and_a_drained_replica_lets_its_calls_fi
         give_up = time.monotonic() + 60
         while _running(serve) != {"RUNNING": 2} and time.monotonic() < give_up:
             time.sleep(0.2)
+        assert _running(serve) == {"RUNNING": 2}
     cluster["pristine"] = False  # this test scales it down to one replica
     clips = ["kittens", "honest", "quilter", "wizard"]
 
