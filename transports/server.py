@@ -24,7 +24,7 @@ from transports import jsonwire
 from transports.admission import Admission, CallRequest, Refusal, Route, Ticket
 from transports.auth import TokenAuth
 from transports.websocket import codec
-from transports.websocket.call import IDLE_TIMEOUT_S, WebSocketCall
+from transports.websocket.call import IDLE_TIMEOUT_S, CallStats, WebSocketCall
 
 log = logging.getLogger("voxline.server")
 
@@ -280,11 +280,17 @@ class VoiceServer:
             self.calls[session.id] = call
             live: set[web.WebSocketResponse] = self.app[LIVE_SOCKETS]
             live.add(ws)
-            try:
-                stats = await call.run()
+
+            def ended(stats: CallStats) -> None:
+                # The call is over: its place goes back now, not after the closing handshake.
+                self.calls.pop(session.id, None)
+                ticket.release()
                 self.dropped_audio += stats.dropped_audio
                 self.frames_in += stats.frames_in
                 self.dropped_inbound += stats.dropped_inbound
+
+            try:
+                await call.run(ended)
             finally:
                 live.discard(ws)
                 self.calls.pop(session.id, None)

@@ -220,6 +220,30 @@ def test_off_loopback_a_token_is_required_and_accepted(new_session):
     asyncio.run(main())
 
 
+def test_a_caller_who_hangs_up_and_stops_reading_frees_its_place_at_once(new_session, pool):
+    # The server's close waits for the client's reply to its close frame (aiohttp: up to 10 s),
+    # and this client never reads again: the place must not wait for that handshake.
+    async def main():
+        server = await _serve(new_session, max_calls=1)
+        async with aiohttp.ClientSession() as http:
+            a = await http.ws_connect(f"http://127.0.0.1:{server.port}/ws")
+            for _ in range(10):
+                await a.send_bytes(FRAME.tobytes())
+            await _collect(a, lambda e, au: len(au) >= 2)  # the agent's tone is in flight
+            await a.send_str(json.dumps({"type": "hangup"}))
+            await _wait(lambda: not server.calls, timeout=3.0)
+            assert new_session.sessions[0].closed and len(pool.free) == 64
+            assert server.live_calls == 0
+            b = await http.ws_connect(f"http://127.0.0.1:{server.port}/ws")  # not refused
+            ready, _ = await _collect(b, lambda e, au: e)
+            assert ready[0]["type"] == "ready"
+            await b.close()
+            await a.close()
+        await server.stop()
+
+    asyncio.run(main())
+
+
 def test_loopback_needs_no_token_and_other_hosts_get_a_generated_one(new_session):
     assert not VoiceServer(new_session, host="127.0.0.1").auth.required
     generated = VoiceServer(new_session, host="0.0.0.0").auth

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -66,8 +67,12 @@ class WebSocketCall:
         self.inbound = audio_bucket(FRAME_S)
         self._rate_told = -1.0  # when the client was last told its audio is too fast
 
-    async def run(self) -> CallStats:
-        """Serve the call until the client leaves; always closes the session."""
+    async def run(self, ended: Callable[[CallStats], None] | None = None) -> CallStats:
+        """Serve the call until the client leaves; always closes the session.
+
+        ``ended`` is called with the stats once the call is over (its session closed), before
+        the socket's closing handshake: a client that hung up and stopped reading holds that
+        handshake for aiohttp's close timeout, and the call's place should not wait for it."""
         life = CallLifecycle(self.session, reason="disconnect")
         events = CallEvents(self.session, self.outbox.put_event)
         try:
@@ -84,6 +89,8 @@ class WebSocketCall:
             self.stats.end_reason = life.reason
             self.stats.dropped_audio = self.outbox.dropped_audio
             self.stats.dropped_events = self.outbox.dropped_events
+            if ended is not None:
+                ended(self.stats)
             if not self.ws.closed:
                 await self.ws.close()
         return self.stats
