@@ -8,6 +8,8 @@ Files come as paths, bytes or file objects, decoded the same way. The optional d
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import io
 import os
 import wave
@@ -32,6 +34,24 @@ AudioSource = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
 
 # libsndfile subtypes whose samples are int16 values or fewer bits (read as int16: exact)
 _INT16_EXACT = {"PCM_16", "PCM_S8", "PCM_U8", "ULAW", "ALAW", "DWVW_12", "DWVW_16"}
+
+# libsndfile's MP3 decoding depends on how the file is read: reads of other lengths give samples
+# a float LSB apart, and in some encoders' files a read that ends where a frame leans on the bit
+# reservoir garbles ~200 samples of it (libmpg123: "part2_3_length too large"). FFmpeg's does
+# not, so with av installed MP3 goes to FFmpeg, and a file gives the same samples read whole
+# (voxline run), in blocks (voxline transcribe) or uploaded (asr-serve).
+_FFMPEG_FIRST = frozenset({"MP3", "MPEG"})
+
+
+@functools.cache
+def _have_av() -> bool:
+    return importlib.util.find_spec("av") is not None
+
+
+def soundfile_decodes(fmt: str) -> bool:
+    """Whether a file libsndfile opened as ``fmt`` (its format's name) is decoded by libsndfile:
+    False for MP3 when FFmpeg (av) is there to decode it instead."""
+    return fmt not in _FFMPEG_FIRST or not _have_av()
 
 
 def int16_to_float(pcm: np.ndarray) -> np.ndarray:
@@ -143,8 +163,9 @@ def _decode(source: str | BinaryIO, label: str) -> tuple[np.ndarray, int]:
             with soundfile.SoundFile(_rewound(source)) as f:
                 if f.subtype in _INT16_EXACT:
                     return f.read(dtype="int16", always_2d=True), int(f.samplerate)
-                # float32 holds 24-bit samples exactly
-                return float_to_int16(f.read(dtype="float32", always_2d=True)), int(f.samplerate)
+                if soundfile_decodes(f.format):  # (MP3: FFmpeg's, below)
+                    # float32 holds 24-bit samples exactly
+                    return float_to_int16(f.read(dtype="float32", always_2d=True)), int(f.samplerate)
         except Exception:  # soundfile cannot read it: MP3 on old libsndfile, M4A, ...
             pass
     try:

@@ -3,7 +3,7 @@
 cut-short file reported *after* the audio before the damage has been handed out.
 
 A file goes to libsndfile first (bit-exact for 16-bit PCM WAV/FLAC/AIFF/Ogg), else to FFmpeg
-(PyAV). Other rates are resampled as a stream (soxr, HQ), mixed to mono first unless each channel
+(PyAV), as MP3 does where PyAV is installed (libsndfile's MP3 depends on the reads' lengths). Other rates are resampled as a stream (soxr, HQ), mixed to mono first unless each channel
 is wanted on its own. A truncated file is found by what its header promised: a WAV whose data
 chunk, or a FLAC whose stream info, claims more samples than the file holds ends with
 :class:`DamagedAudio` after the samples it does hold.
@@ -24,6 +24,7 @@ from agent.audio import (
     check_file,
     float_to_int16,
     int16_to_float,
+    soundfile_decodes,
     to_mono,
 )
 from agent.errors import AudioInputError, require
@@ -104,6 +105,9 @@ class FileSource:
             try:
                 f = soundfile.SoundFile(str(p))
             except Exception:  # not a format libsndfile reads: FFmpeg's turn
+                f = None
+            if f is not None and not soundfile_decodes(f.format):  # MP3: FFmpeg's too
+                f.close()
                 f = None
             if f is not None:
                 self._closing.append(f)

@@ -19,7 +19,14 @@ from typing import BinaryIO
 
 import numpy as np
 
-from agent.audio import _INT16_EXACT, RATE, float_to_int16, int16_to_float, to_mono
+from agent.audio import (
+    _INT16_EXACT,
+    RATE,
+    float_to_int16,
+    int16_to_float,
+    soundfile_decodes,
+    to_mono,
+)
 from agent.errors import AudioInputError, require
 
 # What the upload's first bytes say → the FFmpeg demuxer told to read it. None of these opens
@@ -27,7 +34,8 @@ from agent.errors import AudioInputError, require
 # ADTS AAC or AIFF file holds its own samples.
 DEMUXERS = {"wav": "wav", "aiff": "aiff", "flac": "flac", "ogg": "ogg", "mp3": "mp3",
             "matroska": "matroska", "mp4": "mov", "aac": "aac"}
-# The containers libsndfile reads itself (bit-exact for 16-bit PCM), as it names them.
+# The containers libsndfile reads itself (bit-exact for 16-bit PCM), as it names them; MP3 only
+# where av is not installed (agent.audio.soundfile_decodes).
 SOUNDFILE_FORMATS = {"wav": {"WAV", "WAVEX", "RF64"}, "aiff": {"AIFF"}, "flac": {"FLAC"},
                      "ogg": {"OGG"}, "mp3": {"MP3", "MPEG"}}
 ACCEPTED = ("WAV, FLAC, MP3, Ogg (Opus, Vorbis, FLAC), WebM/Matroska, MP4/M4A, AAC (ADTS) "
@@ -212,8 +220,8 @@ def _soundfile(data: bytes | memoryview, kind: str, sink: _Sink, label: str) -> 
     except Exception:  # a codec libsndfile lacks (MP3 on an old one, WAV with ADPCM, ...)
         return False
     with f:
-        if f.format not in SOUNDFILE_FORMATS[kind]:
-            return False
+        if f.format not in SOUNDFILE_FORMATS[kind] or not soundfile_decodes(f.format):
+            return False  # (MP3 with av installed: FFmpeg's)
         sink.start(int(f.samplerate), int(f.channels), label)
         exact = f.subtype in _INT16_EXACT
         # what the header promised (libsndfile trims a WAV's claim to what the file holds)

@@ -12,7 +12,7 @@ import speech
 
 from agent.audio import read_audio
 from agent.errors import AudioInputError
-from stages.asr import uploads
+from stages.asr import sources, uploads
 from stages.asr.uploads import AudioTooLong, UnsupportedUpload, container_of, decode_upload
 
 av = pytest.importorskip("av")
@@ -40,6 +40,23 @@ def written(pcm: np.ndarray, rate: int = 16000, **kw) -> bytes:
 @pytest.fixture(scope="module")
 def clip():
     return speech.load("kittens")
+
+
+@pytest.mark.parametrize("block_s", [0.1, 0.256, 1.0])
+def test_an_mp3_gives_the_same_samples_however_it_is_read(clip, tmp_path, monkeypatch, block_s):
+    # libsndfile's MP3 decoding depended on the reads' lengths (its 4096-sample reads of this
+    # file were up to 32 steps off its whole read, with libmpg123 errors); FFmpeg's does not
+    monkeypatch.setattr(uploads, "BLOCK_S", block_s)
+    monkeypatch.setattr(sources, "BLOCK_S", block_s)
+    data = encoded("mp3", "mp3", clip)
+    whole = read_audio(data)  # voxline run
+    assert np.array_equal(decode_upload(data, HOUR, "mp3"), whole)  # asr-serve
+    (tmp_path / "call.mp3").write_bytes(data)
+    source, parts = sources.FileSource(tmp_path / "call.mp3"), []  # voxline transcribe
+    while len(part := source.read(3000)):
+        parts.append(part[:, 0])
+    source.close()
+    assert np.array_equal(np.concatenate(parts), whole)
 
 
 def test_every_accepted_container_decodes_as_a_file_would(clip):
