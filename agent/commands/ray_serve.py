@@ -437,7 +437,9 @@ class VoiceReplica:
                           for sid, trace in self.sessions},
                 "draining": self.places.draining, **self.server.stats()}
 
-    async def __del__(self) -> None:  # awaited by Serve on shutdown (never by the GC)
+    # Serve awaits this on shutdown. Should the GC call it later, the coroutine it gets is
+    # dropped unrun (Python warns that it was never awaited): nothing is drained twice.
+    async def __del__(self) -> None:
         from agent.ops import drain
 
         server = self.server
