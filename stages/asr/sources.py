@@ -3,8 +3,9 @@
 cut-short file reported *after* the audio before the damage has been handed out.
 
 A file goes to libsndfile first (bit-exact for 16-bit PCM WAV/FLAC/AIFF/Ogg), else to FFmpeg
-(PyAV), as MP3 does where PyAV is installed (libsndfile's MP3 depends on the reads' lengths). Other rates are resampled as a stream (soxr, HQ), mixed to mono first unless each channel
-is wanted on its own. A truncated file is found by what its header promised: a WAV whose data
+(PyAV), as MP3 does where PyAV is installed (libsndfile's MP3 depends on the reads' lengths).
+Other rates are resampled as a stream (soxr, HQ), mixed to mono first unless each channel is
+wanted on its own. A truncated file is found by what its header promised: a WAV whose data
 chunk, or a FLAC whose stream info, claims more samples than the file holds ends with
 :class:`DamagedAudio` after the samples it does hold.
 """
