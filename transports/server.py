@@ -290,10 +290,9 @@ class VoiceServer:
                 self.dropped_inbound += stats.dropped_inbound
 
             try:
-                await call.run(ended)
+                await call.run(ended)  # (which calls ``ended`` on every way out)
             finally:
                 live.discard(ws)
-                self.calls.pop(session.id, None)
             return ws
         finally:
             ticket.release()

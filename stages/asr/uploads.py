@@ -211,6 +211,8 @@ class _Sink:
 
 def _soundfile(data: bytes | memoryview, kind: str, sink: _Sink, label: str) -> bool:
     """Decode with libsndfile (bit-exact for 16-bit PCM); False when it cannot open the file."""
+    if not any(soundfile_decodes(name) for name in SOUNDFILE_FORMATS[kind]):
+        return False  # MP3 with av installed: FFmpeg's, without libsndfile opening it first
     try:
         import soundfile
     except ImportError:
@@ -220,8 +222,8 @@ def _soundfile(data: bytes | memoryview, kind: str, sink: _Sink, label: str) -> 
     except Exception:  # a codec libsndfile lacks (MP3 on an old one, WAV with ADPCM, ...)
         return False
     with f:
-        if f.format not in SOUNDFILE_FORMATS[kind] or not soundfile_decodes(f.format):
-            return False  # (MP3 with av installed: FFmpeg's)
+        if f.format not in SOUNDFILE_FORMATS[kind]:
+            return False
         sink.start(int(f.samplerate), int(f.channels), label)
         exact = f.subtype in _INT16_EXACT
         # what the header promised (libsndfile trims a WAV's claim to what the file holds)
