@@ -449,7 +449,13 @@ def test_the_ingress_page_places_browser_calls_over_websocket_and_webrtc(cluster
 
     redeploy(cluster, voice_app(cluster["options"], 1))  # one replica
     origin = cluster["origin"]
-    mic = write_mic(tmp_path / "mic.wav", 1.0, speech.load("kittens"), 30.0)
+    # Chromium plays the file from the page's getUserMedia, before the call is connected, and
+    # loops it: what the caller says before the media is up is lost (over WebRTC behind a loaded
+    # cluster once, "at home." of the sentence). So the sentence comes back every 8.3 s, and the
+    # test waits for a final that heard most of it (the reference has 9 words).
+    mic = write_mic(tmp_path / "mic.wav", 1.0, speech.load("kittens"), 4.0)
+    whole = ("window.voxline.finals.some(f => (typeof f === 'string' ? f : f.text)"
+             ".trim().split(/\\s+/).length >= 6)")
 
     async def main() -> dict[str, dict]:
         got = {}
@@ -464,8 +470,7 @@ def test_the_ingress_page_places_browser_calls_over_websocket_and_webrtc(cluster
                     await page.goto(f"{origin}/")
                     await page.check(f"input[name=transport][value={transport}]")
                     await page.click("#call")
-                    await page.wait_for_function("window.voxline.finals.length > 0",
-                                                 timeout=90_000, polling=100)
+                    await page.wait_for_function(whole, timeout=90_000, polling=100)
                     await page.click("#call")  # hang up
                     await page.wait_for_function("window.voxline.status === 'ended'",
                                                  timeout=10_000)
@@ -484,5 +489,6 @@ def test_the_ingress_page_places_browser_calls_over_websocket_and_webrtc(cluster
         assert not page["errors"], (transport, page["errors"])
         assert state["replica"] == info["replica"], transport  # placed, then called straight
         assert state["session"] in info["sessions"], transport
-        heard = " ".join(f["text"] if isinstance(f, dict) else f for f in state["finals"])
-        assert _wer(speech.text("kittens"), heard) <= 0.35, (transport, heard)
+        finals = [f["text"] if isinstance(f, dict) else f for f in state["finals"]]
+        heard = min(finals, key=lambda f: _wer(speech.text("kittens"), f))
+        assert _wer(speech.text("kittens"), heard) <= 0.35, (transport, finals)
