@@ -272,6 +272,10 @@ class AgentConfig:
     # chunk's (a word or two, ~0.5 s) has played, and a long sentence's synthesis took longer —
     # the caller heard a silence inside the reply (benchmarks/reply_gaps.py)
     max_second_chunk_words: int = 8
+    # a reply ends where it would say a chunk it has already said ("I'm sorry. I'm sorry. I'm
+    # sorry. ..." to the 48-token limit: a small model's loop, heard as seconds of the same
+    # words); the model's generation stops there and the history keeps what was said
+    stop_repeats: bool = True
     first_audio_wait_ms: int = 600  # the LLM pauses after its first chunk until that audio is out
     prefill: bool = True  # a local LLM evaluates the likely prompt while the end of speech is confirmed
     # at a pause, prepare the reply (LLM and first TTS audio) to the speculative transcript while

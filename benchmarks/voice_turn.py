@@ -225,6 +225,7 @@ async def run_clip(cfg: Config, models, path: Path | None = None, pcm: np.ndarra
             "wall_s": time.monotonic() - t0,
             "tokens": llm.tokens_generated, "tokens_discarded": llm.tokens_discarded,
             "tool_calls": llm.tool_calls, "fillers": llm.fillers,
+            "repeats_stopped": llm.repeats_stopped,
             "speculations": llm.speculations, "adopted": llm.adopted,
             "false_interrupts": turn.false_interrupts, "interrupts": turn.interrupts,
             "text_holds": turn.text_holds, "asr_end_holds": turn.asr_end_holds,
@@ -384,6 +385,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
     from_clean: list[tuple[float, float, bool]] = []
     rows: list[dict] = []  # each complete turn (not a tool's): turn_row
     tokens = discarded = specs = adopted = gaps = asr_adopted = text_holds = asr_end_holds = 0
+    repeats = 0
     gap_ms = 0.0
     engine = models.asr.stats
     asr_before = (engine.requests, engine.cancelled, engine.abandoned)
@@ -397,6 +399,7 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         r = await run_clip(cfg, models, pcm=pcm)
         tokens += r["tokens"]
         discarded += r["tokens_discarded"]
+        repeats += r["repeats_stopped"]
         specs += r["speculations"]
         adopted += r["adopted"]
         asr_adopted += r["asr_adopted"]
@@ -452,6 +455,8 @@ async def run_set(cfg: Config, models, manifest: list[dict], label: str,
         "llm_tokens": tokens, "llm_tokens_discarded": discarded,
         "preempt_waste": discarded / tokens if tokens else 0.0,
         "speculations": specs, "adopted": adopted,
+        # replies stopped before they said a chunk again (agent.stop_repeats)
+        "repeats_stopped": repeats,
         # pauses the sound called finished and the words held; pauses whose words read
         # finished and the ASR heard no sentence end (turn.text_asr_end) held
         "turn_holds": {"words": text_holds, "asr_end": asr_end_holds},

@@ -135,3 +135,38 @@ def _is_abbreviation(buf: str, dot: int) -> bool:
     if len(word) == 1 and word.isalpha() and word.isupper():
         return True  # an initial: "J. R. R. Tolkien"
     return word.lower() in _ABBREVIATIONS
+
+
+class RepeatWatch:
+    """A reply's chunks by their words, case and punctuation aside: ``again(chunk)`` is True
+    when the chunk would say again what the reply has said — its words were a chunk or a whole
+    sentence of the reply already, or, two words or more, they are the words just said. A
+    small model caught in a loop ("I'm sorry, I'm sorry. I'm sorry. ..."; the caller's words
+    echoed twice) is stopped by the first repeat, wherever the chunks were cut. A chunk of one
+    word may come twice ("No, no."), not three times."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, ...], int] = {}  # chunks' and sentences' words: times said
+        self._said: list[str] = []  # every word said, in order
+        self._sentence = 0  # where the sentence being said begins in ``_said``
+
+    def again(self, chunk: str) -> bool:
+        words = tuple(_WORD.findall(chunk.lower().replace("’", "'")))
+        if not words:
+            return False
+        n = len(words)
+        if self._seen.get(words, 0) >= (2 if n == 1 else 1):
+            return True
+        if n >= 2 and tuple(self._said[-n:]) == words:
+            return True
+        self._seen[words] = self._seen.get(words, 0) + 1
+        self._said.extend(words)
+        if chunk.rstrip(_CLOSERS).endswith(tuple(_TERMINATORS)):  # the chunk ends a sentence
+            sentence = tuple(self._said[self._sentence:])
+            if sentence != words:
+                self._seen[sentence] = self._seen.get(sentence, 0) + 1
+            self._sentence = len(self._said)
+        return False
+
+
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")

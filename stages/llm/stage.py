@@ -38,7 +38,7 @@ from agent.stage import DOWN, UP, QueuedStage, StageContext
 from agent.tools import CallsComing, ToolCall, ToolContext, ToolResult, Tools, run_tool
 from stages.faults import APOLOGY, LLM_EMPTY_REPLY, LLM_UNAVAILABLE, StageFault, fault_frame
 from stages.llm.chat import ChatHistory, ChatLLM, Message
-from stages.llm.sentences import SentenceAggregator
+from stages.llm.sentences import RepeatWatch, SentenceAggregator
 
 log = logging.getLogger("voxline.llm")
 
@@ -92,6 +92,7 @@ class Reply:
     held: list[Frame] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    kept: str | None = None  # the step's text when it was stopped short (a repeat), else None
 
     @property
     def tokens(self) -> int:
@@ -104,6 +105,8 @@ class Reply:
 
     @property
     def step_text(self) -> str:
+        if self.kept is not None:
+            return self.kept
         return "".join(self.parts[self.step_from:]).strip()
 
     def end_filler(self) -> None:
@@ -121,6 +124,7 @@ class Reply:
         self.calls_coming = 0.0
         self.steps.append(self.step_text)
         self.step_from = len(self.parts)
+        self.kept = None
         self.spoken = Spoken(next(_message_keys))
         self.calls = []
 
@@ -238,6 +242,7 @@ class LLMStage(QueuedStage):
         self._side_effects: set[asyncio.Task[ToolResult]] = set()  # tools left running
         self.tool_calls = 0
         self.fillers = 0
+        self.repeats_stopped = 0  # replies stopped where they would say a chunk again
 
     def process(self, frame: Frame, direction: Direction) -> None:
         if direction is DOWN:
@@ -366,8 +371,10 @@ class LLMStage(QueuedStage):
             for name, t_ns in spec.events:
                 trace.event(name, t_ns)
             trace.info(preempted=True, preempted_tokens=spec.tokens)
+            if spec.kept is not None:
+                trace.info(repeat_stopped=True)
             if spec.parts:
-                trace.note(reply="".join(spec.parts).strip())
+                trace.note(reply=spec.answer)
         held, spec.held = spec.held, []
         for f in held:
             self.push(f)
@@ -703,6 +710,7 @@ class LLMStage(QueuedStage):
                                     self.agent.max_first_chunk_words,
                                     self.agent.max_second_chunk_words)
         first_chunk = step == 0
+        said = RepeatWatch() if self.agent.stop_repeats else None
         if not reply.confirmed:
             self._spoke.clear()
         self._event(reply, "llm_request")
@@ -732,6 +740,9 @@ class LLMStage(QueuedStage):
                 self.tokens_generated += 1
                 self._emit(reply, LLMTextDelta(token))
                 for chunk in chunks.feed(token):
+                    if said is not None and said.again(chunk):
+                        self._stop_repeat(reply, chunk)
+                        return  # (leaving the stream stops the model)
                     self._say(reply, chunk)
                     trace = self.ctx.trace
                     if trace is not None and reply.confirmed:
@@ -742,8 +753,20 @@ class LLMStage(QueuedStage):
                         first_chunk = False
                         await self._yield_to_first_audio()
         rest = chunks.flush()  # only once the reply is complete: a failed one's tail is unsaid
-        if rest:
+        if rest and said is not None and said.again(rest):
+            self._stop_repeat(reply, rest)
+        elif rest:
             self._say(reply, rest)
+
+    def _stop_repeat(self, reply: Reply, chunk: str) -> None:
+        """The step would say ``chunk`` again: it ends with what it has said, which is all the
+        history keeps of it (a loop the model saw in its own history it would go on with)."""
+        reply.kept = " ".join(reply.said)
+        self.repeats_stopped += 1
+        log.info("%s: the reply stopped before saying %r again", self.name, chunk)
+        trace = self.ctx.trace
+        if trace is not None and reply.confirmed:
+            trace.info(repeat_stopped=True)
 
 
 class EmptyReply(StageFault):

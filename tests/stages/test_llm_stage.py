@@ -336,3 +336,101 @@ def test_a_reply_with_no_word_is_apologized_for_not_left_silent() -> None:
     assert failed.cancelled and not answered.cancelled
     assert [(e.role, e.content) for e in h.stage.history.entries] == [
         ("user", "Can you help?"), ("assistant", "Of course.")]
+
+
+class _Loop:
+    """A model caught in a loop, as SmolLM2 was in a call (its reply to "Laughing."): the text
+    in 3-character deltas; ``sent`` counts the deltas the stage took before it closed the
+    stream."""
+
+    capabilities = LLMCapabilities()
+    TEXT = "I'm sorry, I'm sorry. I'm sorry. I'm sorry. I'm sorry. I'm sorry. I'm sorry."
+
+    def __init__(self, text: str = TEXT) -> None:
+        self.text = text
+        self.sent = 0
+        self.closed = False
+
+    async def stream(self, messages):  # noqa: ANN001, ANN201
+        try:
+            for i in range(0, len(self.text), 3):
+                self.sent += 1
+                yield self.text[i:i + 3]
+                await asyncio.sleep(0)
+        finally:
+            self.closed = True
+
+    def warmup(self) -> None:
+        pass
+
+
+def _loop_call(model: _Loop, agent: AgentConfig) -> StageHarness:
+    async def main() -> StageHarness:
+        async with StageHarness(LLMStage(model, LLMConfig(), agent), timeout=10.0) as h:
+            h.trace.begin_turn(speech_end=1)
+            h.pipeline.push(UserTurnEnded("Laughing."), DOWN)
+            await h.until(lambda fs: ends(fs) == 1)
+            return h
+
+    return asyncio.run(main())
+
+
+def test_a_reply_that_would_say_a_chunk_again_stops_there() -> None:
+    model = _Loop()
+    h = _loop_call(model, AgentConfig())
+    spoken = [f.text for f in h.frames if isinstance(f, TextToSpeak)]
+    assert spoken == ["I'm sorry,"]  # "I'm sorry." is the same words: not said again
+    (end,) = [f for f in h.frames if isinstance(f, LLMEnd)]
+    assert end.text == "I'm sorry," and not end.cancelled
+    # the model was stopped (the stream closed a delta after the repeat), not read to its end
+    assert model.closed and model.sent < len(model.TEXT) // 3 // 2
+    assert h.stage.repeats_stopped == 1
+    # the history keeps what was said, not the loop the model would go on with next turn
+    assert [(e.role, e.content) for e in h.stage.history.entries] == [
+        ("user", "Laughing."), ("assistant", "I'm sorry,")]
+    assert h.trace.current is not None and h.trace.current.info.get("repeat_stopped") is True
+
+
+def test_a_loop_of_two_sentences_stops_at_the_first_sentence_said_again() -> None:
+    model = _Loop("No, no, no, no. No, no, no. That's a good story. That's a good story. No, no")
+    h = _loop_call(model, AgentConfig())
+    spoken = [f.text for f in h.frames if isinstance(f, TextToSpeak)]
+    assert spoken == ["No,", "no, no, no."]
+    assert h.stage.history.entries[-1].content == "No, no, no, no."
+
+
+def test_a_speculative_reply_stopped_at_a_repeat_is_adopted_as_said() -> None:
+    """Prepared at the pause, stopped at its repeat, then confirmed: the turn records the stop
+    and its reply as said, and the model was asked once."""
+    from agent.frames import TurnCandidate
+
+    model = _Loop()
+
+    async def main() -> StageHarness:
+        agent = AgentConfig(first_audio_wait_ms=0)  # (no TTS here to say the audio is out)
+        async with StageHarness(LLMStage(model, LLMConfig(), agent), timeout=10.0) as h:
+            h.pipeline.push(TurnCandidate("Laughing."), DOWN)
+            await asyncio.sleep(0.2)
+            assert model.closed  # stopped before the turn was confirmed
+            h.trace.begin_turn(speech_end=1)
+            h.pipeline.push(UserTurnEnded("Laughing."), DOWN)
+            await h.until(lambda fs: ends(fs) == 1)
+            return h
+
+    h = asyncio.run(main())
+    assert h.stage.speculations == 1 and h.stage.adopted == 1 and model.closed
+    assert [f.text for f in h.frames if isinstance(f, TextToSpeak)] == ["I'm sorry,"]
+    (end,) = [f for f in h.frames if isinstance(f, LLMEnd)]
+    assert end.text == "I'm sorry,"
+    turn = h.trace.current
+    assert turn is not None and turn.info.get("repeat_stopped") is True
+    assert turn.reply == "I'm sorry,"
+
+
+def test_with_stop_repeats_off_the_reply_is_said_whole() -> None:
+    model = _Loop()
+    h = _loop_call(model, AgentConfig(stop_repeats=False))
+    spoken = [f.text for f in h.frames if isinstance(f, TextToSpeak)]
+    assert " ".join(spoken) == model.TEXT and len(spoken) == 7
+    assert model.sent == -(-len(model.TEXT) // 3) and h.stage.repeats_stopped == 0
+    assert h.stage.history.entries[-1].content == model.TEXT

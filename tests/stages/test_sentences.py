@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from stages.llm.sentences import SentenceAggregator
+import pytest
+
+from stages.llm.sentences import RepeatWatch, SentenceAggregator
 
 
 def run(deltas: list[str], min_words: int = 3) -> list[str]:
@@ -169,3 +171,34 @@ def test_the_second_chunk_waits_for_a_sentence_when_its_limit_is_off():
     agg = SentenceAggregator(1, 2)  # max_second_chunk_words 0
     out = agg.feed("I'm sorry for any misunderstanding, but as a voice assistant, I can help. ")
     assert out == ["I'm sorry", "for any misunderstanding, but as a voice assistant, I can help."]
+
+
+def _until_repeat(chunks: list[str]) -> list[str]:
+    watch, said = RepeatWatch(), []
+    for chunk in chunks:
+        if watch.again(chunk):
+            break
+        said.append(chunk)
+    return said
+
+
+@pytest.mark.parametrize(("chunks", "said"), [
+    # loops SmolLM2 fell into in calls (voxline run on moonshine-voice's endgame recording)
+    (["I'm sorry,", "I'm sorry.", "I'm sorry."], ["I'm sorry,"]),
+    (["No,", "no, no, no.", "No, no, no.", "That's a good story."], ["No,", "no, no, no."]),
+    # the same sentence cut into other chunks, and a quote's curly apostrophe
+    (["That's a", "good story.", "That’s a good story!"], ["That's a", "good story."]),
+    # two sentences in turn: stopped at the first said again
+    (["Yes,", "it is open.", "We close at nine.", "It is open."], ["Yes,", "it is open.", "We close at nine."]),
+    # the words just said, over a chunk's edge
+    (["Thank you", "so much,", "thank you so much."], ["Thank you", "so much,"]),
+    # a word twice is speech ("No, no."), three times a loop
+    (["No,", "no.", "Okay."], ["No,", "no.", "Okay."]),
+    (["No.", "No.", "No.", "No."], ["No.", "No."]),
+    # nothing repeated, or nothing to repeat
+    (["Sure,", "I can help with that.", "What time works for you?"],
+     ["Sure,", "I can help with that.", "What time works for you?"]),
+    (["…", "…", "Hello."], ["…", "…", "Hello."]),
+])
+def test_a_reply_stops_at_the_first_chunk_that_says_it_again(chunks: list[str], said: list[str]) -> None:
+    assert _until_repeat(chunks) == said
