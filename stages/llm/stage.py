@@ -93,6 +93,7 @@ class Reply:
     events: list[tuple[str, int]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     kept: str | None = None  # the step's text when it was stopped short (a repeat), else None
+    repeat: tuple[str, int] | None = None  # (the chunk not said again, when) of a stopped reply
 
     @property
     def tokens(self) -> int:
@@ -242,7 +243,7 @@ class LLMStage(QueuedStage):
         self._side_effects: set[asyncio.Task[ToolResult]] = set()  # tools left running
         self.tool_calls = 0
         self.fillers = 0
-        self.repeats_stopped = 0  # replies stopped where they would say a chunk again
+        self.repeats_stopped = 0  # replies (said) stopped where they would say a chunk again
 
     def process(self, frame: Frame, direction: Direction) -> None:
         if direction is DOWN:
@@ -371,10 +372,9 @@ class LLMStage(QueuedStage):
             for name, t_ns in spec.events:
                 trace.event(name, t_ns)
             trace.info(preempted=True, preempted_tokens=spec.tokens)
-            if spec.kept is not None:
-                trace.info(repeat_stopped=True)
             if spec.parts:
                 trace.note(reply=spec.answer)
+        self._note_repeat(spec)
         held, spec.held = spec.held, []
         for f in held:
             self.push(f)
@@ -762,11 +762,24 @@ class LLMStage(QueuedStage):
         """The step would say ``chunk`` again: it ends with what it has said, which is all the
         history keeps of it (a loop the model saw in its own history it would go on with)."""
         reply.kept = " ".join(reply.said)
-        self.repeats_stopped += 1
+        reply.repeat = (chunk, time.monotonic_ns())
         log.info("%s: the reply stopped before saying %r again", self.name, chunk)
+        if reply.confirmed:
+            self._note_repeat(reply)
+
+    def _note_repeat(self, reply: Reply) -> None:
+        """The trace's record of a reply stopped at a repeat: an event of the call (the turn
+        itself is usually written by then, at its first audio), with what was said and the
+        chunk that was not; and the turn's info while it is still open."""
+        if reply.repeat is None:
+            return
+        self.repeats_stopped += 1  # (a speculation's only once it is the reply)
         trace = self.ctx.trace
-        if trace is not None and reply.confirmed:
-            trace.info(repeat_stopped=True)
+        if trace is None:
+            return
+        chunk, t_ns = reply.repeat
+        trace.info(repeat_stopped=True)
+        trace.call_event("repeat_stopped", t_ns, stage=self.name, said=reply.kept, not_said=chunk)
 
 
 class EmptyReply(StageFault):

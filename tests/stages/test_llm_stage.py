@@ -389,6 +389,9 @@ def test_a_reply_that_would_say_a_chunk_again_stops_there() -> None:
     assert [(e.role, e.content) for e in h.stage.history.entries] == [
         ("user", "Laughing."), ("assistant", "I'm sorry,")]
     assert h.trace.current is not None and h.trace.current.info.get("repeat_stopped") is True
+    (event,) = h.trace.call_events  # written at once: the turn is usually closed by then
+    assert (event["event"], event["said"], event["not_said"]) == (
+        "repeat_stopped", "I'm sorry,", "I'm sorry.")
 
 
 def test_a_loop_of_two_sentences_stops_at_the_first_sentence_said_again() -> None:
@@ -419,12 +422,14 @@ def test_a_speculative_reply_stopped_at_a_repeat_is_adopted_as_said() -> None:
 
     h = asyncio.run(main())
     assert h.stage.speculations == 1 and h.stage.adopted == 1 and model.closed
+    assert h.stage.repeats_stopped == 1
     assert [f.text for f in h.frames if isinstance(f, TextToSpeak)] == ["I'm sorry,"]
     (end,) = [f for f in h.frames if isinstance(f, LLMEnd)]
     assert end.text == "I'm sorry,"
     turn = h.trace.current
     assert turn is not None and turn.info.get("repeat_stopped") is True
     assert turn.reply == "I'm sorry,"
+    assert [e["event"] for e in h.trace.call_events] == ["repeat_stopped"]
 
 
 def test_with_stop_repeats_off_the_reply_is_said_whole() -> None:
@@ -433,4 +438,5 @@ def test_with_stop_repeats_off_the_reply_is_said_whole() -> None:
     spoken = [f.text for f in h.frames if isinstance(f, TextToSpeak)]
     assert " ".join(spoken) == model.TEXT and len(spoken) == 7
     assert model.sent == -(-len(model.TEXT) // 3) and h.stage.repeats_stopped == 0
+    assert not h.trace.call_events
     assert h.stage.history.entries[-1].content == model.TEXT
