@@ -92,8 +92,9 @@ class Reply:
     held: list[Frame] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
-    kept: str | None = None  # the step's text when it was stopped short (a repeat), else None
-    repeat: tuple[str, int] | None = None  # (the chunk not said again, when) of a stopped reply
+    # the step stopped before saying a chunk again: (that chunk, when); its text is then what
+    # it said
+    repeat: tuple[str, int] | None = None
 
     @property
     def tokens(self) -> int:
@@ -106,8 +107,8 @@ class Reply:
 
     @property
     def step_text(self) -> str:
-        if self.kept is not None:
-            return self.kept
+        if self.repeat is not None:
+            return " ".join(self.said)
         return "".join(self.parts[self.step_from:]).strip()
 
     def end_filler(self) -> None:
@@ -125,7 +126,7 @@ class Reply:
         self.calls_coming = 0.0
         self.steps.append(self.step_text)
         self.step_from = len(self.parts)
-        self.kept = None
+        self.repeat = None
         self.spoken = Spoken(next(_message_keys))
         self.calls = []
 
@@ -710,7 +711,7 @@ class LLMStage(QueuedStage):
                                     self.agent.max_first_chunk_words,
                                     self.agent.max_second_chunk_words)
         first_chunk = step == 0
-        said = RepeatWatch() if self.agent.stop_repeats else None
+        repeats = RepeatWatch() if self.agent.stop_repeats else None
         if not reply.confirmed:
             self._spoke.clear()
         self._event(reply, "llm_request")
@@ -740,7 +741,7 @@ class LLMStage(QueuedStage):
                 self.tokens_generated += 1
                 self._emit(reply, LLMTextDelta(token))
                 for chunk in chunks.feed(token):
-                    if said is not None and said.again(chunk):
+                    if repeats is not None and repeats.again(chunk):
                         self._stop_repeat(reply, chunk)
                         return  # (leaving the stream stops the model)
                     self._say(reply, chunk)
@@ -753,7 +754,7 @@ class LLMStage(QueuedStage):
                         first_chunk = False
                         await self._yield_to_first_audio()
         rest = chunks.flush()  # only once the reply is complete: a failed one's tail is unsaid
-        if rest and said is not None and said.again(rest):
+        if rest and repeats is not None and repeats.again(rest):
             self._stop_repeat(reply, rest)
         elif rest:
             self._say(reply, rest)
@@ -761,7 +762,6 @@ class LLMStage(QueuedStage):
     def _stop_repeat(self, reply: Reply, chunk: str) -> None:
         """The step would say ``chunk`` again: it ends with what it has said, which is all the
         history keeps of it (a loop the model saw in its own history it would go on with)."""
-        reply.kept = " ".join(reply.said)
         reply.repeat = (chunk, time.monotonic_ns())
         log.info("%s: the reply stopped before saying %r again", self.name, chunk)
         if reply.confirmed:
@@ -779,7 +779,8 @@ class LLMStage(QueuedStage):
             return
         chunk, t_ns = reply.repeat
         trace.info(repeat_stopped=True)
-        trace.call_event("repeat_stopped", t_ns, stage=self.name, said=reply.kept, not_said=chunk)
+        trace.call_event("repeat_stopped", t_ns, stage=self.name, said=reply.step_text,
+                         not_said=chunk)
 
 
 class EmptyReply(StageFault):
